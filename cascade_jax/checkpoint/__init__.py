@@ -1,0 +1,5 @@
+"""Checkpoints: Hugging Face import / export (Orbax save / restore arrives with SFT)."""
+
+from cascade_jax.checkpoint._hf_qwen3 import config_from_hf
+from cascade_jax.checkpoint._hf_qwen3 import load_hf_qwen3_moe
+from cascade_jax.checkpoint._hf_qwen3 import save_hf_qwen3_moe

@@ -1,0 +1,24 @@
+"""Flax NNX MoE decoder: configs, presets, the model, KV cache and parameter counts."""
+
+from cascade_jax.model._attention import attention_mask
+from cascade_jax.model._config import MambaConfig
+from cascade_jax.model._config import ModelConfig
+from cascade_jax.model._config import MoEConfig
+from cascade_jax.model._config import nemotron3_nano_30b_a3b
+from cascade_jax.model._config import preset
+from cascade_jax.model._config import PRESETS
+from cascade_jax.model._config import qwen3_30b_a3b
+from cascade_jax.model._config import small
+from cascade_jax.model._config import tiny
+from cascade_jax.model._dispatch import capacity_slots
+from cascade_jax.model._dispatch import expert_forward
+from cascade_jax.model._moe import ExpertBias
+from cascade_jax.model._moe import MoE
+from cascade_jax.model._moe import route
+from cascade_jax.model._moe import update_expert_bias
+from cascade_jax.model._params import count_params
+from cascade_jax.model._params import ParamCount
+from cascade_jax.model._transformer import init_cache
+from cascade_jax.model._transformer import KVCache
+from cascade_jax.model._transformer import Transformer
+from cascade_jax.model._benchmark import moe_layer_benchmark

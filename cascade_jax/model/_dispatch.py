@@ -1,0 +1,222 @@
+"""Expert compute: the `dense`, `ragged` and `capacity` dispatch paths.
+
+Each path takes the tokens of one shard, their chosen experts and gate
+weights, and returns the weighted sum of expert outputs. The functions are
+written for one shard of a mesh: the collectives over the expert axis (and
+the tensor axis, which splits the expert width) run when axis names are
+given, so the same code is the single-device path (no axes) and the
+expert-parallel path (inside `shard_map`).
+
+- `dense`: every local expert on every token; the reference.
+- `ragged`: dropless; assignments sorted by expert and fed to
+  `jax.lax.ragged_dot`. Under expert parallelism tokens are all-gathered over
+  the expert axis and results reduce-scattered back, which works on every
+  backend (CPU has no `ragged_all_to_all`).
+- `capacity`: tokens gathered by index into [experts, capacity, embed]
+  blocks (capacity = factor * tokens * top_k / experts, the overflow is
+  dropped and counted), exchanged with `all_to_all` under expert parallelism.
+  Both gathers have gather-only backward passes (see `_gather_rows`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from cascade_jax.model._layers import activation
+
+Axes = tuple[str, ...]
+
+
+def _axis_size(axes: Axes) -> int:
+  return math.prod(jax.lax.axis_size(a) for a in axes) if axes else 1
+
+
+def _axis_index(axes: Axes) -> jax.Array:
+  """Linear index of this shard over `axes` (row-major, as collectives use)."""
+  idx = jnp.zeros((), jnp.int32)
+  for a in axes:
+    idx = idx * jax.lax.axis_size(a) + jax.lax.axis_index(a)
+  return idx
+
+
+@jax.custom_vjp
+def _gather_rows(src_md, idx_n, inv_mr):
+  """out[i] = src[idx[i]], or 0 where idx[i] == M (the padding row).
+
+  `inv[m]` lists the (at most r) output rows that read source row m, padded
+  with N. Then the backward pass is a gather and a sum over r instead of a
+  scatter-add, which XLA:CPU runs several times slower.
+  """
+  del inv_mr
+  src = jnp.concatenate([src_md, jnp.zeros_like(src_md[:1])], axis=0)
+  return src[idx_n]
+
+
+def _gather_rows_fwd(src_md, idx_n, inv_mr):
+  return _gather_rows(src_md, idx_n, inv_mr), (idx_n, inv_mr)
+
+
+def _gather_rows_bwd(res, g_nd):
+  idx_n, inv_mr = res
+  g = jnp.concatenate([g_nd, jnp.zeros_like(g_nd[:1])], axis=0)
+  return g[inv_mr].sum(axis=1), None, None
+
+
+_gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
+
+
+def _expert_mlp_ecd(x_ecd, w_gate_edf, w_up_edf, w_down_efd, act):
+  """Every expert e on its own block of rows: [E, C, D] -> [E, C, D]."""
+  g = jnp.einsum('ecd,edf->ecf', x_ecd, w_gate_edf)
+  u = None if w_up_edf is None else jnp.einsum('ecd,edf->ecf', x_ecd, w_up_edf)
+  return jnp.einsum('ecf,efd->ecd', activation(act, g, u), w_down_efd)
+
+
+def _combine(y_nkd, w_nk):
+  """Gate-weighted sum over each token's k experts: [N, k, D] -> [N, D]."""
+  return jnp.einsum('nkd,nk->nd', y_nkd, w_nk.astype(y_nkd.dtype))
+
+
+# ------------------------------------------------------------------ dense
+
+
+def _dense_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
+  """Local experts on all tokens; only chosen (token, expert) pairs count."""
+  w_gate, w_up, w_down = ws
+  num_local = w_gate.shape[0]
+  local_ids = first_expert + jnp.arange(num_local)
+  # [N, E_local]: the gate weight token n gives local expert e (0 if unchosen).
+  comb_ne = jnp.einsum('nk,nke->ne', w_nk,
+                       (idx_nk[..., None] == local_ids).astype(w_nk.dtype))
+  x_end = jnp.broadcast_to(x_nd, (num_local,) + x_nd.shape)
+  y_end = _expert_mlp_ecd(x_end, w_gate, w_up, w_down, act)
+  return jnp.einsum('end,ne->nd', y_end, comb_ne.astype(y_end.dtype))
+
+
+# ----------------------------------------------------------------- ragged
+
+
+def _ragged_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
+  """Sort (token, expert) pairs by local expert, two `ragged_dot`s, unsort."""
+  w_gate, w_up, w_down = ws
+  n, k = idx_nk.shape
+  num_local = w_gate.shape[0]
+  a = n * k
+  e_local = idx_nk.reshape(a) - first_expert
+  is_local = (e_local >= 0) & (e_local < num_local)
+  key = jnp.where(is_local, e_local, num_local)  # non-local pairs sort last
+  order = jnp.argsort(key, stable=True)           # sorted row r <- pair order[r]
+  rank = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
+  group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local]
+  # Sorted row r reads token order[r] // k; token m is read by rows rank[m*k+j].
+  xs = _gather_rows(x_nd, order // k, rank.reshape(n, k))
+  g = jax.lax.ragged_dot(xs, w_gate, group_sizes)
+  u = None if w_up is None else jax.lax.ragged_dot(xs, w_up, group_sizes)
+  ys = jax.lax.ragged_dot(activation(act, g, u), w_down, group_sizes)
+  y_ad = _gather_rows(ys, rank, order[:, None])
+  y_ad = jnp.where(is_local[:, None], y_ad, 0)
+  return _combine(y_ad.reshape(n, k, -1), w_nk)
+
+
+# --------------------------------------------------------------- capacity
+
+
+def capacity(num_tokens: int, top_k: int, num_experts: int,
+             factor: float) -> int:
+  """Slots per expert (per source shard): ceil(factor * N * k / E)."""
+  return max(1, math.ceil(factor * num_tokens * top_k / num_experts))
+
+
+def capacity_slots(idx_nk, num_experts: int, cap: int):
+  """Slot of each (token, choice) pair in an [E * C] buffer, and whether kept.
+
+  First choices of all tokens take precedence over second choices, and so on
+  (GShard); within a choice rank, earlier tokens first. A dropped pair gets
+  slot E * C (the padding row).
+  """
+  n, k = idx_nk.shape
+  e_kn = idx_nk.T.reshape(-1)  # choice-major priority
+  order = jnp.argsort(e_kn, stable=True)
+  counts = jnp.bincount(e_kn, length=num_experts)
+  starts = jnp.cumsum(counts) - counts
+  rank_sorted = jnp.arange(n * k) - starts[e_kn[order]]
+  rank = jnp.zeros((n * k,), jnp.int32).at[order].set(rank_sorted)
+  keep = rank < cap
+  slot = jnp.where(keep, e_kn * cap + rank, num_experts * cap)
+  return slot.reshape(k, n).T, keep.reshape(k, n).T
+
+
+def _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
+              tensor_axes):
+  n, k = idx_nk.shape
+  d = x_nd.shape[-1]
+  slot_nk, keep_nk = capacity_slots(idx_nk, num_experts, cap)
+  num_slots = num_experts * cap
+  # Which pair fills each slot (n*k+j, or n*k when empty), for the backward pass.
+  pair_of_slot = jnp.full((num_slots + 1,), n * k, jnp.int32).at[
+      slot_nk.reshape(-1)].set(jnp.arange(n * k, dtype=jnp.int32))[:num_slots]
+  tok_of_slot = jnp.where(pair_of_slot < n * k, pair_of_slot // k, n)
+  buf_ecd = _gather_rows(x_nd, tok_of_slot, slot_nk).reshape(num_experts, cap, d)
+
+  ep = _axis_size(expert_axes)
+  if ep > 1:
+    # [E, C, D] = [ep, E_loc, C, D] by destination -> [ep (source), E_loc, C, D]
+    buf = buf_ecd.reshape(ep, num_experts // ep, cap, d)
+    buf = jax.lax.all_to_all(buf, expert_axes, 0, 0, tiled=True)
+    buf_ecd = buf.transpose(1, 0, 2, 3).reshape(num_experts // ep, ep * cap, d)
+  y_ecd = _expert_mlp_ecd(buf_ecd, *ws, act)
+  if tensor_axes:
+    y_ecd = jax.lax.psum(y_ecd, tensor_axes)
+  if ep > 1:
+    y = y_ecd.reshape(num_experts // ep, ep, cap, d).transpose(1, 0, 2, 3)
+    y = jax.lax.all_to_all(y, expert_axes, 0, 0, tiled=True)
+    y_ecd = y.reshape(num_experts, cap, d)
+  y_pd = _gather_rows(y_ecd.reshape(num_slots, d), slot_nk.reshape(-1),
+                      pair_of_slot[:, None])
+  return _combine(y_pd.reshape(n, k, d), w_nk), keep_nk
+
+
+# ------------------------------------------------------------------ entry
+
+
+def expert_forward(x_nd, idx_nk, w_nk, ws, *, act: str, dispatch: str,
+                   num_experts: int, capacity_factor: float,
+                   expert_axes: Axes = (), tensor_axes: Axes = ()):
+  """Weighted expert outputs for this shard's tokens.
+
+  Args:
+    x_nd: [N, D] this shard's tokens.
+    idx_nk: [N, k] chosen experts (global ids); w_nk: [N, k] gate weights.
+    ws: (w_gate [E_loc, D, F_loc], w_up or None, w_down [E_loc, F_loc, D]),
+      this shard's experts (E_loc = E / expert-axis size) and width slice.
+    expert_axes / tensor_axes: mesh axes splitting experts / expert width.
+
+  Returns:
+    ([N, D] output, [N, k] bool: pair was computed, i.e. not dropped).
+  """
+  if dispatch == 'capacity':
+    cap = capacity(x_nd.shape[0], idx_nk.shape[1], num_experts,
+                   capacity_factor)
+    return _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap,
+                     expert_axes, tensor_axes)
+  local = {'dense': _dense_local, 'ragged': _ragged_local}[dispatch]
+  keep = jnp.ones(idx_nk.shape, bool)
+  ep = _axis_size(expert_axes)
+  if ep == 1:
+    y = local(x_nd, idx_nk, w_nk, ws, act, 0)
+    return (jax.lax.psum(y, tensor_axes) if tensor_axes else y), keep
+  # Portable expert parallelism: every shard sees the tokens of its expert
+  # group, computes its own experts' share, and the shares are summed back
+  # to the token owners.
+  x_all = jax.lax.all_gather(x_nd, expert_axes, axis=0, tiled=True)
+  idx_all = jax.lax.all_gather(idx_nk, expert_axes, axis=0, tiled=True)
+  w_all = jax.lax.all_gather(w_nk, expert_axes, axis=0, tiled=True)
+  first = _axis_index(expert_axes) * ws[0].shape[0]
+  y_all = local(x_all, idx_all, w_all, ws, act, first)
+  if tensor_axes:
+    y_all = jax.lax.psum(y_all, tensor_axes)
+  y = jax.lax.psum_scatter(y_all, expert_axes, scatter_dimension=0, tiled=True)
+  return y, keep

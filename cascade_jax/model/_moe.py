@@ -1,0 +1,177 @@
+"""Mixture-of-experts FFN: router, aux-loss-free bias, routing replay, expert dispatch."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from cascade_jax.model import _dispatch
+from cascade_jax.model._config import ModelConfig
+from cascade_jax.model._layers import is_gated
+from cascade_jax.model._layers import Mlp
+from cascade_jax.model._layers import param
+from cascade_jax.sharding import ShardingCtx
+
+
+class ExpertBias(nnx.Variable):
+  """Aux-loss-free balancing bias. Not an nnx.Param: optimizers never see it."""
+
+
+def route(logits_ne: jax.Array, *, score_fn: str, top_k: int,
+          renormalize: bool, routed_scale: float,
+          bias_e: jax.Array | None = None,
+          expert_idx_nk: jax.Array | None = None):
+  """Chooses experts and their gate weights.
+
+  The bias (if any) only shifts which experts are chosen; gate weights are
+  the unbiased scores of the chosen experts (renormalised to sum to 1 if
+  asked), times `routed_scale`. With `expert_idx_nk` given, those experts are
+  used instead of the top-k (routing replay).
+
+  Returns:
+    (scores [N, E], idx [N, k] int32, weights [N, k]).
+  """
+  logits_ne = logits_ne.astype(jnp.float32)
+  if score_fn == 'softmax':
+    scores = jax.nn.softmax(logits_ne, axis=-1)
+  else:
+    scores = jax.nn.sigmoid(logits_ne)
+  if expert_idx_nk is None:
+    choice = scores if bias_e is None else scores + bias_e
+    _, idx = jax.lax.top_k(choice, top_k)
+  else:
+    idx = expert_idx_nk
+  idx = idx.astype(jnp.int32)
+  w = jnp.take_along_axis(scores, idx, axis=-1)
+  if renormalize:
+    w = w / (jnp.sum(w, axis=-1, keepdims=True) + 1e-20)
+  return scores, idx, w * routed_scale
+
+
+def router_stats(logits_bte, scores_bte, idx_btk, valid_bt, keep_btk, *,
+                 num_experts: int, top_k: int):
+  """Expert load, dropped fraction, sequence aux loss and z-loss (unscaled).
+
+  seq_aux (DeepSeek-V3): per sequence, sum_e f_e * p_e with
+  f_e = E / (k T) * (#tokens choosing e) and p_e = mean_t of the normalised
+  scores; averaged over sequences. Padding tokens (valid = False) do not count.
+  """
+  valid = valid_bt.astype(jnp.float32)
+  onehot = jax.nn.one_hot(idx_btk, num_experts, dtype=jnp.float32)  # [B,T,k,E]
+  counts_be = jnp.einsum('btke,bt->be', onehot, valid)
+  n_valid_b = jnp.maximum(valid.sum(-1), 1.0)
+  load = counts_be.sum(0) / jnp.maximum(counts_be.sum(), 1.0)
+  norm_scores = scores_bte / (scores_bte.sum(-1, keepdims=True) + 1e-20)
+  p_be = jnp.einsum('bte,bt->be', norm_scores, valid) / n_valid_b[:, None]
+  f_be = counts_be * num_experts / (top_k * n_valid_b[:, None])
+  seq_aux = jnp.mean(jnp.sum(f_be * p_be, axis=-1))
+  z = jax.nn.logsumexp(logits_bte.astype(jnp.float32), axis=-1)
+  z_loss = jnp.sum(jnp.square(z) * valid) / jnp.maximum(valid.sum(), 1.0)
+  dropped = jnp.sum((1.0 - keep_btk.astype(jnp.float32)) * valid[..., None]) / (
+      jnp.maximum(valid.sum(), 1.0) * top_k)
+  return dict(load=load, dropped=dropped, seq_aux=seq_aux, z_loss=z_loss)
+
+
+class MoE(nnx.Module):
+  """Routed experts (+ optional shared expert) with a pluggable dispatch path."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs,
+               ctx: ShardingCtx | None = None):
+    m = cfg.moe
+    d, e, f = cfg.embed_dim, m.num_experts, m.expert_dim
+    pdt = jnp.dtype(cfg.param_dtype)
+    self.cfg = m
+    self.ctx = ctx
+    self.router_de = param(rngs, (d, e), ('embed', None), dtype=jnp.float32)
+    self.expert_bias = (ExpertBias(jnp.zeros((e,), jnp.float32),
+                                   logical_axes=(None,))
+                        if m.use_expert_bias else None)
+    self.w_gate_edf = param(rngs, (e, d, f), ('exp', 'embed', 'mlp'),
+                            std=d ** -0.5, dtype=pdt)
+    self.w_up_edf = (param(rngs, (e, d, f), ('exp', 'embed', 'mlp'),
+                           std=d ** -0.5, dtype=pdt)
+                     if is_gated(m.activation) else None)
+    self.w_down_efd = param(rngs, (e, f, d), ('exp', 'mlp', 'embed'),
+                            std=f ** -0.5, dtype=pdt)
+    self.shared = (Mlp(d, m.num_shared_experts * m.shared_expert_dim,
+                       activation_name=m.activation, rngs=rngs, ctx=ctx,
+                       dtype=pdt)
+                   if m.num_shared_experts else None)
+
+  def __call__(self, x_btd: jax.Array, *, valid_bt: jax.Array | None = None,
+               expert_idx_btk: jax.Array | None = None
+               ) -> tuple[jax.Array, dict[str, Any]]:
+    """Returns (y [B, T, D], router info: stats, aux losses, expert_idx [B, T, k])."""
+    m = self.cfg
+    b, t, d = x_btd.shape
+    x_nd = x_btd.reshape(b * t, d)
+    logits = x_nd.astype(jnp.float32) @ self.router_de[...]
+    bias = None if self.expert_bias is None else self.expert_bias[...]
+    replay = None if expert_idx_btk is None else expert_idx_btk.reshape(b * t, -1)
+    scores, idx_nk, w_nk = route(
+        logits, score_fn=m.score_fn, top_k=m.top_k, renormalize=m.renormalize,
+        routed_scale=m.routed_scale, bias_e=bias, expert_idx_nk=replay)
+
+    dt = x_btd.dtype
+    ws = (self.w_gate_edf[...].astype(dt),
+          None if self.w_up_edf is None else self.w_up_edf[...].astype(dt),
+          self.w_down_efd[...].astype(dt))
+    y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk, ws)
+    if self.shared is not None:
+      y_nd = y_nd + self.shared(x_nd)
+
+    if valid_bt is None:
+      valid_bt = jnp.ones((b, t), bool)
+    stats = router_stats(
+        logits.reshape(b, t, -1), scores.reshape(b, t, -1),
+        idx_nk.reshape(b, t, -1), valid_bt, keep_nk.reshape(b, t, -1),
+        num_experts=m.num_experts, top_k=m.top_k)
+    stats['aux_loss'] = (m.seq_aux_loss_coef * stats['seq_aux'] +
+                         m.z_loss_coef * stats['z_loss'])
+    stats['expert_idx'] = idx_nk.reshape(b, t, -1)
+    return y_nd.reshape(b, t, d), stats
+
+  def _experts(self, x_nd, idx_nk, w_nk, ws):
+    m = self.cfg
+    fn = functools.partial(
+        _dispatch.expert_forward, act=m.activation, dispatch=m.dispatch,
+        num_experts=m.num_experts, capacity_factor=m.capacity_factor)
+    if self.ctx is None:
+      return fn(x_nd, idx_nk, w_nk, ws)
+
+    ctx = self.ctx
+    batch_axes = ctx.mesh_axes('batch')
+    w_spec = ctx.spec(('exp', None, 'mlp'), ws[0].shape)
+    down_spec = ctx.spec(('exp', 'mlp', None), ws[2].shape)
+    expert_axes = _spec_axes(w_spec[0])
+    tensor_axes = _spec_axes(w_spec[2])
+    if not set(expert_axes) <= set(batch_axes):
+      raise ValueError(
+          f'expert parallelism over {expert_axes} needs tokens split over it '
+          f"too: add it to the 'batch' rule (now {batch_axes})")
+    tok = P(batch_axes or None)
+    fn = functools.partial(fn, expert_axes=expert_axes, tensor_axes=tensor_axes)
+    in_specs = (tok, tok, tok,
+                (w_spec, None if ws[1] is None else w_spec, down_spec))
+    return jax.shard_map(fn, mesh=ctx.mesh, in_specs=in_specs,
+                         out_specs=(tok, tok))(x_nd, idx_nk, w_nk, ws)
+
+
+def _spec_axes(entry) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def update_expert_bias(bias_e: jax.Array, load_e: jax.Array,
+                       rate: float) -> jax.Array:
+  """Aux-loss-free balancing step: raise under-loaded experts' bias, lower over-loaded.
+
+  bias_e <- bias_e + rate * sign(mean(load) - load_e)   (DeepSeek-V3)
+  """
+  return bias_e + rate * jnp.sign(jnp.mean(load_e) - load_e)

@@ -1,0 +1,155 @@
+"""Logical axis glossary, rules mapping logical axes to mesh axes, and meshes."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+# The mesh axes, outermost first. `expert` is carved out of data parallelism:
+# tokens are split over it like over `data`, experts are split over it too.
+MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
+
+# Every array dimension in the model is named by one of these.
+LOGICAL_AXES = (
+    'batch',     # examples (activations only)
+    'seq',       # sequence positions (activations only)
+    'embed',     # model width
+    'heads',     # query heads
+    'kv_heads',  # key/value heads
+    'head_dim',  # per-head width
+    'mlp',       # hidden width of dense MLPs and experts
+    'exp',       # experts
+    'vocab',     # vocabulary
+    'norm',      # norm scales and other small vectors
+)
+
+Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+# MaxText-style defaults: FSDP shards weights over `embed`, tensor parallelism
+# shards heads / mlp / vocab, expert parallelism shards `exp`.
+DEFAULT_RULES: Rules = (
+    ('batch', ('data', 'fsdp', 'expert')),
+    ('seq', None),
+    ('embed', 'fsdp'),
+    ('heads', 'tensor'),
+    ('kv_heads', 'tensor'),
+    ('head_dim', None),
+    ('mlp', 'tensor'),
+    ('exp', 'expert'),
+    ('vocab', 'tensor'),
+    ('norm', None),
+)
+
+
+def _as_tuple(x) -> tuple[str, ...]:
+  if x is None:
+    return ()
+  return (x,) if isinstance(x, str) else tuple(x)
+
+
+def validate_rules(rules: Rules) -> None:
+  for logical, mesh_axes in rules:
+    if logical not in LOGICAL_AXES:
+      raise ValueError(
+          f'sharding rule for unknown logical axis {logical!r}; known: '
+          f'{LOGICAL_AXES}')
+    for ax in _as_tuple(mesh_axes):
+      if ax not in MESH_AXES:
+        raise ValueError(
+            f'sharding rule {logical!r} -> {ax!r}: unknown mesh axis; known: '
+            f'{MESH_AXES}')
+
+
+def make_mesh(shape: Mapping[str, int],
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds a mesh with all of MESH_AXES; absent axes get size 1.
+
+  Args:
+    shape: mesh axis -> size, e.g. {'data': 2, 'expert': 4}. One axis may be
+      -1, meaning "all remaining devices".
+    devices: the devices to use (default: all of jax.devices()).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  for ax in shape:
+    if ax not in MESH_AXES:
+      raise ValueError(f'mesh: unknown axis {ax!r}; known: {MESH_AXES}')
+  sizes = {ax: int(shape.get(ax, 1)) for ax in MESH_AXES}
+  free = [ax for ax, s in sizes.items() if s == -1]
+  if len(free) > 1:
+    raise ValueError(f'mesh: at most one axis may be -1, got {free}')
+  for ax, s in sizes.items():
+    if s == 0 or s < -1:
+      raise ValueError(f'mesh.{ax}: size must be positive or -1, got {s}')
+  fixed = math.prod(s for s in sizes.values() if s != -1)
+  if free:
+    if len(devices) % fixed:
+      raise ValueError(
+          f'mesh: fixed axes {dict(shape)} (product {fixed}) do not divide '
+          f'the {len(devices)} devices')
+    sizes[free[0]] = len(devices) // fixed
+  total = math.prod(sizes.values())
+  if total != len(devices):
+    raise ValueError(
+        f'mesh: axes {dict(shape)} need {total} devices, but {len(devices)} '
+        'are available')
+  arr = np.asarray(devices, dtype=object).reshape(
+      [sizes[ax] for ax in MESH_AXES])
+  return Mesh(arr, MESH_AXES)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingCtx:
+  """A mesh plus the rules that map logical axes onto it.
+
+  Layers hold one of these (or None, meaning a single device) and ask it for
+  partition specs by logical names, so that switching parallelism is a change
+  of rules, not of layer code.
+  """
+  mesh: Mesh
+  rules: Rules = DEFAULT_RULES
+
+  def __post_init__(self):
+    validate_rules(self.rules)
+
+  def axis_size(self, name: str | None) -> int:
+    return 1 if name is None else self.mesh.shape[name]
+
+  def mesh_axes(self, logical: str | None) -> tuple[str, ...]:
+    """Mesh axes (of size > 1) that a logical axis maps to."""
+    if logical is None:
+      return ()
+    for name, target in self.rules:
+      if name == logical:
+        return tuple(a for a in _as_tuple(target) if self.mesh.shape[a] > 1)
+    return ()
+
+  def spec(self, logical_axes: Sequence[str | None],
+           shape: Sequence[int] | None = None) -> P:
+    """PartitionSpec for an array with the given logical axes.
+
+    A mesh axis is used at most once (first come, first served), and where a
+    `shape` is given, a dimension not divisible by its mesh axes stays
+    replicated (e.g. 2 KV heads on a 4-way tensor axis).
+    """
+    used: set[str] = set()
+    out = []
+    for i, logical in enumerate(logical_axes):
+      axes = tuple(a for a in self.mesh_axes(logical) if a not in used)
+      if shape is not None and shape[i] % math.prod(
+          self.mesh.shape[a] for a in axes):
+        axes = ()
+      used.update(axes)
+      out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return P(*out)
+
+  def sharding(self, logical_axes, shape=None) -> NamedSharding:
+    return NamedSharding(self.mesh, self.spec(logical_axes, shape))
+
+  def constrain(self, x: jax.Array, logical_axes) -> jax.Array:
+    return jax.lax.with_sharding_constraint(
+        x, self.sharding(logical_axes, x.shape))

@@ -1,0 +1,47 @@
+"""Benchmarks the MoE dispatch paths (forward + backward) against an ideal dense MLP.
+
+  python -m experiments.bench_moe --config=configs/bench_moe.py
+"""
+
+import json
+import os
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+import jax
+
+from cascade_jax import model
+from cascade_jax import utils
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', 'configs/bench_moe.py', 'Benchmark config.', lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'If set, writes config.json and results.json here.')
+
+
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  print(f'MoE layer fwd+bwd on {jax.devices()[0].device_kind} '
+        f'(jax {jax.__version__}): {c.tokens} tokens, embed {c.embed_dim}, '
+        f'{c.num_experts} experts x width {c.expert_dim}, top-{c.top_k}, '
+        f'{c.activation}, capacity factor {c.capacity_factor}, {c.dtype}')
+  rows = model.moe_layer_benchmark(**c.to_dict())
+  print(utils.format_table(
+      ['path', 'ms', 'x ideal', 'GFLOP/s', 'of matmul peak', 'dropped'],
+      [[r['path'], r['seconds'] * 1e3, r['ratio'], r['gflops'], r['of_peak'],
+        r['dropped']] for r in rows]))
+  best = min((r for r in rows[1:-1]), key=lambda r: r['ratio'])
+  print(f"best path: {best['path']} at {best['ratio']:.2f}x the ideal dense MLP")
+  if _WORKDIR.value:
+    os.makedirs(_WORKDIR.value, exist_ok=True)
+    with open(os.path.join(_WORKDIR.value, 'config.json'), 'w') as f:
+      f.write(c.to_json_best_effort(indent=2))
+    with open(os.path.join(_WORKDIR.value, 'results.json'), 'w') as f:
+      json.dump(rows, f, indent=2)
+
+
+if __name__ == '__main__':
+  app.run(main)

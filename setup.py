@@ -1,0 +1,29 @@
+"""cascade_jax: Nemotron-Cascade 2 style post-training of MoE language models in JAX."""
+
+import setuptools
+
+setuptools.setup(
+    name='cascade_jax',
+    version='0.1.0',
+    description=('Cascade RL + multi-domain on-policy distillation for '
+                 'Mixture-of-Experts language models, in JAX.'),
+    python_requires='>=3.11',
+    packages=setuptools.find_packages(include=['cascade_jax', 'cascade_jax.*']),
+    install_requires=[
+        'jax>=0.10',
+        'flax>=0.12',
+        'optax>=0.2.5',
+        'orbax-checkpoint>=0.11',
+        'grain>=0.2.12',
+        'sentencepiece>=0.2',
+        'ml-collections>=1.0',
+        'absl-py>=2.0',
+        'numpy>=1.26',
+        'safetensors>=0.4',
+    ],
+    extras_require={
+        # The local CPU wheel: any other torch version downloads gigabytes.
+        'hf': ['torch==2.13.0', 'transformers>=5.0,<6'],
+        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'chex>=0.1.90'],
+    },
+)

@@ -1,0 +1,38 @@
+"""The absl launchers run from the command line with configs and overrides."""
+
+import json
+import os
+import subprocess
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  return subprocess.run([sys.executable, '-m', *args], cwd=_ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_bench_moe_quick_writes_a_table_and_results(tmp_path):
+  r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:quick',
+           '--config.num_experts=4', f'--workdir={tmp_path}')
+  assert r.returncode == 0, r.stderr
+  assert 'best path:' in r.stdout
+  rows = json.load(open(tmp_path / 'results.json'))
+  assert [row['path'] for row in rows][1:4] == ['capacity', 'ragged', 'dense']
+  assert all(row['seconds'] > 0 for row in rows[:4])
+  assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
+
+
+def test_unknown_config_key_is_refused():
+  r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:quick',
+           '--config.num_expert=4')
+  assert r.returncode != 0
+  assert 'num_expert' in r.stderr
+
+
+def test_unknown_config_argument_is_refused():
+  r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:huge')
+  assert r.returncode != 0
+  assert "unknown argument 'huge'" in r.stderr

@@ -1,0 +1,116 @@
+"""Sharded model on 8 fake CPU devices equals the single-device model."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from cascade_jax import model
+from cascade_jax import sharding
+
+MESHES = {
+    'data8': dict(data=8),
+    'data2_expert4': dict(data=2, expert=4),
+    'fsdp2_expert2_tensor2': dict(fsdp=2, expert=2, tensor=2),
+}
+
+
+def _cfg(dispatch):
+  # 4 experts, top-2, capacity factor E / k = 2: nothing can be dropped, so
+  # every path and mesh must give the single-device numbers.
+  return model.tiny(pattern='*E*-', moe=model.MoEConfig(
+      num_experts=4, top_k=2, expert_dim=16, dispatch=dispatch,
+      capacity_factor=2.0, score_fn='sigmoid', use_expert_bias=True,
+      seq_aux_loss_coef=0.01, z_loss_coef=1e-3, num_shared_experts=1,
+      shared_expert_dim=8))
+
+
+def _loss_and_grads(cfg, ctx):
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
+  if ctx is not None:
+    sharding.shard_model(m, ctx)
+  toks = jax.random.randint(jax.random.key(1), (8, 6), 0, cfg.vocab_size)
+  graph, params, rest = nnx.split(m, nnx.Param, ...)
+
+  @jax.jit
+  def f(params, toks):
+    def loss(params):
+      logits, info = nnx.merge(graph, params, rest)(toks)
+      nll = -jnp.mean(jnp.take_along_axis(
+          jax.nn.log_softmax(logits[:, :-1]), toks[:, 1:, None], -1))
+      return nll + info['aux_loss'], logits
+    out, grads = jax.value_and_grad(loss, has_aux=True)(params)
+    if ctx is not None:  # as a train step does: grads sharded like params
+      grads = jax.lax.with_sharding_constraint(
+          grads, sharding.state_shardings(ctx, params))
+    return out, grads
+
+  (l, logits), g = f(params, toks)
+  return l, logits, g, params
+
+
+_REFERENCE = {}
+
+
+def _reference(dispatch):
+  if dispatch not in _REFERENCE:
+    _REFERENCE[dispatch] = _loss_and_grads(_cfg(dispatch), None)
+  return _REFERENCE[dispatch]
+
+
+@pytest.mark.parametrize('mesh_name', sorted(MESHES))
+@pytest.mark.parametrize('dispatch', ['dense', 'ragged', 'capacity'])
+def test_sharded_forward_and_grads_equal_single_device(mesh_name, dispatch):
+  assert jax.device_count() == 8
+  ctx = sharding.ShardingCtx(sharding.make_mesh(MESHES[mesh_name]))
+  l0, logits0, g0, _ = _reference(dispatch)
+  l1, logits1, g1, params = _loss_and_grads(_cfg(dispatch), ctx)
+  np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(g1, g0, rtol=1e-5, atol=1e-5)
+  # Gradients can be laid out exactly like their parameters.
+  same = jax.tree.map(
+      lambda g, p: g.sharding.is_equivalent_to(p.sharding, p.ndim), g1, params)
+  assert all(jax.tree.leaves(same)), same
+
+
+@pytest.mark.parametrize('mesh_name, want', [
+    ('data8', dict(experts=P(None, None, None), wq=P(None, None, None),
+                   embed=P(None, None))),
+    ('data2_expert4', dict(experts=P('expert', None, None),
+                           wq=P(None, None, None), embed=P(None, None))),
+    ('fsdp2_expert2_tensor2', dict(experts=P('expert', 'fsdp', 'tensor'),
+                                   wq=P('fsdp', 'tensor', None),
+                                   embed=P('tensor', 'fsdp'))),
+])
+def test_parameters_carry_expected_shardings(mesh_name, want):
+  ctx = sharding.ShardingCtx(sharding.make_mesh(MESHES[mesh_name]))
+  m = sharding.shard_model(
+      model.Transformer(_cfg('capacity'), rngs=nnx.Rngs(0), ctx=ctx), ctx)
+  moe = m.blocks[1].mixer
+  assert moe.w_gate_edf[...].sharding.spec == want['experts']
+  assert m.blocks[0].mixer.w_q_dnh[...].sharding.spec == want['wq']
+  assert m.embed_vd[...].sharding.spec == want['embed']
+  assert moe.expert_bias[...].sharding.spec == P(None)
+  assert moe.router_de[...].sharding.spec[1] is None  # router: every expert
+
+
+def test_indivisible_dimension_stays_replicated():
+  # 2 KV heads on a 4-way tensor axis cannot split: replicate, don't fail.
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(data=2, tensor=4)))
+  assert ctx.spec(('embed', 'kv_heads', 'head_dim'), (16, 2, 8)) == P(
+      None, None, None)
+  assert ctx.spec(('embed', 'heads', 'head_dim'), (16, 4, 8)) == P(
+      None, 'tensor', None)
+
+
+def test_expert_parallelism_needs_tokens_split_over_expert_axis():
+  rules = tuple((k, ('data',) if k == 'batch' else v)
+                for k, v in sharding.DEFAULT_RULES)
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(data=2, expert=4)), rules)
+  m = model.Transformer(_cfg('capacity'), rngs=nnx.Rngs(0), ctx=ctx)
+  with pytest.raises(ValueError, match="add it to the 'batch' rule"):
+    m(jnp.zeros((8, 4), jnp.int32))
