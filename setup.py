@@ -24,6 +24,6 @@ setuptools.setup(
     extras_require={
         # The local CPU wheel: any other torch version downloads gigabytes.
         'hf': ['torch==2.13.0', 'transformers>=5.0,<6'],
-        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'chex>=0.1.90'],
+        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'chex>=0.1.90', 'ruff>=0.6'],
     },
 )

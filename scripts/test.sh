@@ -4,5 +4,6 @@
 source "$(dirname "$0")/_setup.sh"
 markers='not slow and not gpu'
 if [[ "${CI:-}" == "true" ]]; then markers='not gpu'; fi
+ruff check --quiet .
 # pytest exits 5 when no test ran: that is a failure here too.
 exec python -m pytest -n 2 -m "$markers" "$@"
