@@ -1,0 +1,293 @@
+"""Code that runs inside a sandboxed process (stdlib only; passed to `python -I -S -c`).
+
+The trainer starts this as root (or as itself, in fallback mode) with a
+control pipe whose fd number is argv[1]. It reads its job from there, confines itself, drops to
+its sandbox uid, then plays one of three roles:
+
+- `solution`: executes the untrusted program, then serves calls to its
+  functions over two pipes. Values cross only as plain builtin data
+  (`encode` rejects anything else), so an object whose `__eq__` always says
+  True cannot leave the process.
+- `judge`: runs the (trusted) tests with each entry point bound to a proxy
+  that calls into the solution process, and writes the verdict to its own
+  result pipe, which the solution process does not hold.
+- `script`: executes the program and exits; stdout / stderr are captured.
+
+This file is executed as a script, so it must not import cascade_jax.
+"""
+
+import builtins
+import ctypes
+import json
+import os
+import resource
+import struct
+import sys
+
+_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+# ------------------------------------------------------------ wire format
+
+
+def read_exact(fd, n):
+  buf = b''
+  while len(buf) < n:
+    chunk = os.read(fd, n - len(buf))
+    if not chunk:
+      raise EOFError('peer closed the pipe')
+    buf += chunk
+  return buf
+
+
+def send(fd, obj):
+  data = json.dumps(obj).encode()
+  msg = struct.pack('>I', len(data)) + data
+  while msg:
+    msg = msg[os.write(fd, msg):]
+
+
+def recv(fd, limit=64 << 20):
+  (n,) = struct.unpack('>I', read_exact(fd, 4))
+  if n > limit:
+    raise ValueError(f'message of {n} bytes exceeds {limit}')
+  return json.loads(read_exact(fd, n))
+
+
+def encode(x, depth=0):
+  """Plain builtin data to tagged JSON. Subclasses (e.g. an int whose
+  __eq__ lies) are refused: `type(x) is int`, never isinstance."""
+  if depth > 100:
+    raise ValueError('value nested deeper than 100 levels')
+  t = type(x)
+  if x is None or t is bool or t is int or t is str:
+    return x
+  if t is float:
+    return x if x == x and x not in (float('inf'), float('-inf')) else {
+        'f': repr(x)}
+  if t is list:
+    return [encode(v, depth + 1) for v in x]
+  if t is tuple:
+    return {'t': [encode(v, depth + 1) for v in x]}
+  if t is dict:
+    return {'d': [[encode(k, depth + 1), encode(v, depth + 1)]
+                  for k, v in x.items()]}
+  if t is set or t is frozenset:
+    return {'s' if t is set else 'fs': [encode(v, depth + 1) for v in x]}
+  if t is bytes:
+    return {'b': x.hex()}
+  if t is complex:
+    return {'c': [x.real, x.imag]}
+  raise TypeError(f'value of type {t.__module__}.{t.__qualname__} is not '
+                  'plain builtin data')
+
+
+def decode(x):
+  if isinstance(x, list):
+    return [decode(v) for v in x]
+  if isinstance(x, dict):
+    (tag, v), = x.items()
+    if tag == 'f':
+      return float(v)
+    if tag == 't':
+      return tuple(decode(e) for e in v)
+    if tag == 'd':
+      return {_hashable(decode(k)): decode(val) for k, val in v}
+    if tag in ('s', 'fs'):
+      items = [_hashable(decode(e)) for e in v]
+      return set(items) if tag == 's' else frozenset(items)
+    if tag == 'b':
+      return bytes.fromhex(v)
+    if tag == 'c':
+      return complex(*v)
+    raise ValueError(f'unknown tag {tag!r}')
+  return x
+
+
+def _hashable(v):
+  return tuple(_hashable(e) for e in v) if isinstance(v, list) else v
+
+
+# ------------------------------------------------------------- confinement
+
+
+def _libc():
+  return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret, what):
+  if ret != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, f'{what}: {os.strerror(err)}')
+
+
+def _write(path, text):
+  with open(path, 'w') as f:
+    f.write(text)
+
+
+def confine(job):
+  """Namespaces, a private read-only filesystem, rlimits, then drop to uid."""
+  libc = _libc()
+  lim = job['limits']
+  root = os.geteuid() == 0
+  flags = _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS
+  isolated = False
+  if job['namespaces']:
+    outer_uid, outer_gid = os.geteuid(), os.getegid()
+    if not root:
+      flags |= _CLONE_NEWUSER
+    if libc.unshare(flags) == 0:
+      isolated = True
+      if not root:  # become root of the new user namespace, for the mounts
+        _write('/proc/self/setgroups', 'deny')
+        _write('/proc/self/uid_map', f'0 {outer_uid} 1')
+        _write('/proc/self/gid_map', f'0 {outer_gid} 1')
+    elif job['require_isolation']:
+      raise OSError(ctypes.get_errno(), 'unshare (network / mount namespaces)'
+                    ' failed and isolation is required')
+  uid = job['uid'] if root else os.getuid()
+  if isolated:
+    _check(libc.mount(None, b'/', None, _MS_REC | _MS_PRIVATE, None),
+           'make mounts private')
+    # Every existing mount read-only: the program may write only to its
+    # fresh /tmp (and /dev/shm), which vanish with its mount namespace.
+    with open('/proc/self/mountinfo') as f:
+      points = [line.split()[4] for line in f]
+    for p in sorted(set(points), key=len):
+      libc.mount(None, p.encode(), None,
+                 _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_REC,
+                 None)  # some (proc, sysfs) refuse; they are not writable anyway
+    tmp_opts = f"size={lim['tmpfs_bytes']},mode=700,uid={uid},gid={uid}"
+    _check(libc.mount(b'tmpfs', b'/tmp', b'tmpfs', _MS_NOSUID | _MS_NODEV,
+                      tmp_opts.encode()), 'mount /tmp')
+    if os.path.isdir('/dev/shm'):
+      libc.mount(b'tmpfs', b'/dev/shm', b'tmpfs', _MS_NOSUID | _MS_NODEV,
+                 f'size=1m,mode=700,uid={uid},gid={uid}'.encode())
+    os.chdir('/tmp')
+  else:
+    os.chdir(job['workdir'])
+  rl = resource
+  mem = lim['memory_bytes']
+  for what, soft, hard in (
+      (rl.RLIMIT_AS, mem, mem),
+      (rl.RLIMIT_CPU, lim['cpu_seconds'], lim['cpu_seconds'] + 1),
+      (rl.RLIMIT_FSIZE, lim['output_bytes'], lim['output_bytes']),
+      (rl.RLIMIT_NOFILE, 64, 64),
+      (rl.RLIMIT_CORE, 0, 0),
+      (rl.RLIMIT_STACK, 64 << 20, 64 << 20)):
+    rl.setrlimit(what, (soft, hard))
+  if root:  # per-uid count: each sandbox slot has a uid of its own
+    rl.setrlimit(rl.RLIMIT_NPROC, (lim['processes'], lim['processes']))
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+  _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 'no_new_privs')
+  os.environ.clear()
+  os.environ.update(job['env'])
+
+
+# ------------------------------------------------------------------ roles
+
+
+def _load(program):
+  ns = {'__name__': '__solution__', '__builtins__': builtins}
+  exec(compile(program, '<solution>', 'exec'), ns)  # pylint: disable=exec-used
+  return ns
+
+
+def role_solution(job):
+  req, resp = job['fds']
+  try:
+    ns = _load(job['program'])
+  except BaseException as e:  # pylint: disable=broad-except
+    send(resp, {'load_error': f'{type(e).__name__}: {e}'[:2000]})
+    return
+  send(resp, {'ready': True})
+  while True:
+    try:
+      call = recv(req)
+    except EOFError:
+      return
+    try:
+      fn = ns.get(call['name'])
+      if not callable(fn):
+        raise NameError(f"the program defines no function {call['name']!r}")
+      out = {'value': encode(fn(*decode(call['args'])))}
+    except BaseException as e:  # pylint: disable=broad-except
+      out = {'raise': type(e).__name__ if type(e).__module__ == 'builtins'
+             else 'Exception', 'msg': str(e)[:2000]}
+    send(resp, out)
+
+
+class SolutionError(Exception):
+  """The solution process failed to answer (died, refused, bad data)."""
+
+
+def role_judge(job):
+  req, resp, result = job['fds']
+  verdict = {'passed': False, 'calls': 0}
+  try:
+    try:
+      hello = recv(resp)
+    except EOFError:
+      raise SolutionError('solution process exited while loading') from None
+    if 'load_error' in hello:
+      raise SolutionError('program failed to load: ' + hello['load_error'])
+
+    def proxy(name):
+      def call(*args):
+        send(req, {'name': name, 'args': encode(list(args))})
+        verdict['calls'] += 1
+        try:
+          out = recv(resp)
+        except EOFError:
+          raise SolutionError('solution process died') from None
+        if 'raise' in out:
+          exc = getattr(builtins, out['raise'], None)
+          if not (isinstance(exc, type) and issubclass(exc, Exception)):
+            exc = SolutionError
+          raise exc(out['msg'])
+        return decode(out['value'])
+      call.__name__ = name
+      return call
+
+    ns = {'__name__': '__judge__'}
+    if job.get('setup'):
+      exec(compile(job['setup'], '<setup>', 'exec'), ns)  # pylint: disable=exec-used
+    for name in job['entry_points']:
+      ns[name] = proxy(name)
+    ns['candidate'] = ns[job['entry_points'][0]]
+    exec(compile(job['tests'], '<tests>', 'exec'), ns)  # pylint: disable=exec-used
+    if callable(ns.get('check')):
+      ns['check'](ns[job['entry_points'][0]])
+    verdict['passed'] = True
+  except BaseException as e:  # pylint: disable=broad-except
+    verdict['error'] = f'{type(e).__name__}: {e}'[:2000]
+  send(result, verdict)
+
+
+def role_script(job):
+  ns = {'__name__': '__main__', '__builtins__': builtins}
+  exec(compile(job['program'], '<program>', 'exec'), ns)  # pylint: disable=exec-used
+
+
+def main():
+  control = int(sys.argv[1])
+  job = recv(control)
+  os.close(control)
+  try:
+    confine(job)
+  except BaseException as e:  # pylint: disable=broad-except
+    sys.stderr.write(f'sandbox set-up failed: {type(e).__name__}: {e}\n')
+    os._exit(70)  # pylint: disable=protected-access
+  {'solution': role_solution, 'judge': role_judge,
+   'script': role_script}[job['role']](job)
+
+
+if __name__ == '__main__':
+  main()

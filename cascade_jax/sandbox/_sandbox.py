@@ -1,0 +1,345 @@
+"""Running untrusted, model-written Python: limits, isolation, verdicts, a parallel pool.
+
+What the sandbox guarantees when the trainer runs as root on Linux (as on
+these machines and in CI):
+
+- Each program runs in a fresh process, in new network, mount, IPC and UTS
+  namespaces: no network at all (not even loopback is up), every existing
+  mount re-mounted read-only, a private size-capped tmpfs as its working
+  directory and /tmp, which disappears with it.
+- It runs under a uid of its own (one per pool slot, never shared with the
+  trainer or another slot), with no supplementary groups and
+  no_new_privs set, so it cannot signal, ptrace or write to the trainer,
+  and setuid binaries do not help it.
+- rlimits: address space, CPU seconds, processes (per uid: fork bombs stop
+  at the limit), file size (which also caps its stdout / stderr), open files,
+  no core dumps; a wall-clock limit on top.
+- A minimal environment: nothing from the trainer's environment leaks in.
+- Afterwards every process of its uid is killed (`kill(-1)` as that uid), so
+  daemonised or re-sessioned children do not survive the verdict.
+- Verdicts come from a separate judge process (another uid) that runs the
+  tests and calls the program's functions over pipes; values cross as plain
+  builtin data only. Exiting early, `sys.exit`, `os._exit`, printing
+  "PASSED", patching the test helpers or returning objects with a lying
+  `__eq__` cannot produce a pass.
+
+What it does not do: it is not a VM. The program shares the kernel (a
+kernel exploit escapes), can read world-readable files and can use the CPU
+and memory up to its limits. Without root, it falls back to an unprivileged
+user namespace for network / filesystem isolation and to process-group
+kills; in that mode the program runs as the trainer's uid (it could signal
+the trainer's processes) and processes that start a new session can outlive
+the verdict. Where even user namespaces are unavailable it refuses to run
+(unless `require_isolation=False`, which also gives up the network ban).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import queue
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+
+_BOOT = open(os.path.join(os.path.dirname(__file__), '_boot.py')).read()
+_ENV = {'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8', 'HOME': '/tmp',
+        'TMPDIR': '/tmp', 'PYTHONDONTWRITEBYTECODE': '1',
+        'PYTHONHASHSEED': '0'}
+_MAX_SLOTS = 64
+_KILL = shutil.which('kill', path='/usr/bin:/bin') or '/bin/kill'
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  wall_seconds: float = 10.0
+  cpu_seconds: int = 10
+  memory_bytes: int = 1 << 30
+  processes: int = 32
+  output_bytes: int = 1 << 20     # stdout, stderr and any file it writes
+  tmpfs_bytes: int = 32 << 20     # its working directory
+
+
+@dataclasses.dataclass(frozen=True)
+class TestResult:
+  """Outcome of running tests against a program."""
+  passed: bool
+  status: str        # 'passed' | 'failed' | 'timeout' | 'error'
+  error: str = ''
+  calls: int = 0     # calls the tests made into the program
+  seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptResult:
+  returncode: int | None
+  status: str        # 'ok' | 'error' | 'timeout'
+  stdout: str = ''
+  stderr: str = ''
+  seconds: float = 0.0
+
+
+class _Slots:
+  """Pool slots, process-wide: each slot owns two uids (program, judge)."""
+
+  def __init__(self):
+    self._free = queue.Queue()
+    for i in range(_MAX_SLOTS):
+      self._free.put(i)
+
+  def uids(self, slot: int) -> tuple[int, int]:
+    # Distinct per trainer process too, so that parallel test workers or
+    # trainers on one machine never share (or kill) each other's uids.
+    base = 1_000_000_000 + (os.getpid() % 1_000_000) * 2 * _MAX_SLOTS
+    return base + 2 * slot, base + 2 * slot + 1
+
+  def take(self) -> int:
+    return self._free.get()
+
+  def give(self, slot: int) -> None:
+    self._free.put(slot)
+
+
+_SLOTS = _Slots()
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+  """Live (not zombie) processes whose real uid is `uid`."""
+  pids = []
+  for name in os.listdir('/proc'):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f'/proc/{name}/status') as f:
+        fields = dict(line.split(':', 1) for line in f if ':' in line)
+    except OSError:
+      continue
+    if (int(fields.get('Uid', '-1 ').split()[0]) == uid and
+        not fields.get('State', '').strip().startswith('Z')):
+      pids.append(int(name))
+  return pids
+
+
+def _others_can_run(path: str) -> bool:
+  """Whether a uid with no rights (other) can execute `path` and its stdlib."""
+  path = os.path.realpath(path)
+  d = path
+  while d != '/':
+    d = os.path.dirname(d)
+    if not os.stat(d).st_mode & 0o001:
+      return False
+  return bool(os.stat(path).st_mode & 0o001)
+
+
+def _find_python(is_root: bool) -> str:
+  """An interpreter the sandbox uids can execute (the trainer's may live in
+  /root, which they cannot enter)."""
+  candidates = [sys.executable, sys._base_executable,  # pylint: disable=protected-access
+                shutil.which('python3') or '', '/usr/bin/python3']
+  for c in candidates:
+    if c and os.path.exists(c) and (not is_root or _others_can_run(c)):
+      return c
+  raise RuntimeError(
+      'sandbox: no Python interpreter that an unprivileged uid can execute '
+      f'(tried {candidates}); install one (e.g. Debian python3) or pass '
+      'python=')
+
+
+class Sandbox:
+  """Runs untrusted Python under `limits`; thread-safe; `workers` at a time."""
+
+  def __init__(self, limits: Limits = Limits(), *, workers: int | None = None,
+               require_isolation: bool = True, namespaces: bool = True,
+               python: str | None = None):
+    self.limits = limits
+    self.workers = min(workers or os.cpu_count() or 1, _MAX_SLOTS)
+    self.require_isolation = require_isolation
+    self.namespaces = namespaces
+    self.is_root = os.geteuid() == 0
+    self._python = python or _find_python(self.is_root)
+    self._pool = concurrent.futures.ThreadPoolExecutor(self.workers)
+    self._lock = threading.Lock()
+
+  # ----------------------------------------------------------- public API
+
+  def run_tests(self, program: str, tests: str, entry_points: Sequence[str],
+                *, setup: str = '') -> TestResult:
+    """Runs `tests` (asserts, or a `check(candidate)` function) against `program`.
+
+    `entry_points[0]` is also bound to `candidate`. `setup` is trusted code
+    executed in the judge before the tests (helpers the tests use).
+    """
+    if not entry_points:
+      raise ValueError('run_tests: at least one entry point is needed')
+    t0 = time.perf_counter()
+    slot = _SLOTS.take()
+    try:
+      return self._run_tests(program, tests, list(entry_points), setup, slot,
+                             t0)
+    finally:
+      _SLOTS.give(slot)
+
+  def run_tests_batch(self, jobs: Sequence[dict]) -> list[TestResult]:
+    """Many `run_tests(**job)` in parallel on the pool, results in order."""
+    return list(self._pool.map(lambda j: self.run_tests(**j), jobs))
+
+  def run_script(self, program: str) -> ScriptResult:
+    """Runs `program` as __main__: exit code and capped stdout / stderr.
+
+    Never a reward signal: a program controls its own exit code and output.
+    """
+    t0 = time.perf_counter()
+    slot = _SLOTS.take()
+    outdir = tempfile.mkdtemp(prefix='sandbox-out-')
+    procs = []
+    try:
+      uid = _SLOTS.uids(slot)[0]
+      out_f = open(os.path.join(outdir, 'out'), 'wb')
+      err_f = open(os.path.join(outdir, 'err'), 'wb')
+      with out_f, err_f:
+        proc, workdir = self._spawn(
+            dict(role='script', program=program), uid, (), out_f, err_f)
+        procs.append((proc, uid, workdir))
+      try:
+        rc = proc.wait(timeout=self.limits.wall_seconds)
+        status = 'ok' if rc == 0 else 'error'
+      except subprocess.TimeoutExpired:
+        rc, status = None, 'timeout'
+      cap = self.limits.output_bytes
+      read = lambda n: open(os.path.join(outdir, n), 'rb').read(cap).decode(
+          errors='replace')
+      return ScriptResult(rc, status, read('out'), read('err'),
+                          time.perf_counter() - t0)
+    finally:
+      self._cleanup(procs)
+      shutil.rmtree(outdir, ignore_errors=True)
+      _SLOTS.give(slot)
+
+  def close(self):
+    self._pool.shutdown()
+
+  # ---------------------------------------------------------- internals
+
+  def _run_tests(self, program, tests, entry_points, setup, slot, t0):
+    sol_uid, judge_uid = _SLOTS.uids(slot)
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    res_r, res_w = os.pipe()
+    procs = []
+    try:
+      proc, wd = self._spawn(
+          dict(role='solution', program=program, fds=[req_r, resp_w]),
+          sol_uid, (req_r, resp_w))
+      procs.append((proc, sol_uid, wd))
+      proc, wd = self._spawn(
+          dict(role='judge', tests=tests, setup=setup,
+               entry_points=entry_points, fds=[req_w, resp_r, res_w]),
+          judge_uid, (req_w, resp_r, res_w))
+      procs.append((proc, judge_uid, wd))
+      for fd in (req_r, req_w, resp_r, resp_w, res_w):
+        os.close(fd)
+      req_r = req_w = resp_r = resp_w = res_w = -1
+      verdict = self._read_verdict(res_r, t0 + self.limits.wall_seconds)
+    finally:
+      for fd in (req_r, req_w, resp_r, resp_w, res_w, res_r):
+        if fd >= 0:
+          os.close(fd)
+      self._cleanup(procs)
+    dt = time.perf_counter() - t0
+    if verdict is None:
+      return TestResult(False, 'timeout',
+                        f'no verdict within {self.limits.wall_seconds}s', 0, dt)
+    if 'passed' not in verdict:
+      return TestResult(False, 'error', verdict.get('error', ''), 0, dt)
+    return TestResult(bool(verdict['passed']),
+                      'passed' if verdict['passed'] else 'failed',
+                      verdict.get('error', ''), verdict.get('calls', 0), dt)
+
+  @staticmethod
+  def _read_verdict(fd, deadline):
+    buf = b''
+    while True:
+      left = deadline - time.perf_counter()
+      if left <= 0:
+        return None
+      ready, _, _ = select.select([fd], [], [], left)
+      if not ready:
+        return None
+      chunk = os.read(fd, 65536)
+      if not chunk:
+        break
+      buf += chunk
+    if len(buf) < 4:
+      return {'error': 'judge exited without a verdict'}
+    (n,) = struct.unpack('>I', buf[:4])
+    try:
+      return json.loads(buf[4:4 + n])
+    except ValueError:
+      return {'error': 'judge wrote a malformed verdict'}
+
+  def _spawn(self, job, uid, fds, stdout=subprocess.DEVNULL,
+             stderr=subprocess.DEVNULL):
+    lim = self.limits
+    workdir = None
+    if not self.namespaces:
+      workdir = tempfile.mkdtemp(prefix='sandbox-')
+      if self.is_root:
+        os.chown(workdir, uid, uid)
+    job = dict(job, uid=uid, env=_ENV, namespaces=self.namespaces,
+               require_isolation=self.require_isolation, workdir=workdir,
+               limits=dict(cpu_seconds=int(lim.cpu_seconds),
+                           memory_bytes=int(lim.memory_bytes),
+                           processes=int(lim.processes),
+                           output_bytes=int(lim.output_bytes),
+                           tmpfs_bytes=int(lim.tmpfs_bytes)))
+    ctl_r, ctl_w = os.pipe()
+    try:
+      proc = subprocess.Popen(
+          [self._python, '-I', '-S', '-c', _BOOT, str(ctl_r)],
+          stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+          pass_fds=(ctl_r, *fds), env=_ENV, start_new_session=True,
+          close_fds=True)
+    finally:
+      os.close(ctl_r)
+    data = json.dumps(job).encode()
+    try:
+      with os.fdopen(ctl_w, 'wb') as f:
+        f.write(struct.pack('>I', len(data)) + data)
+    except BrokenPipeError:
+      pass  # it died at start; the verdict will say so
+    return proc, workdir
+
+  def _cleanup(self, procs):
+    for proc, _, _ in procs:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+    for proc, uid, workdir in procs:
+      try:
+        proc.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        pass
+      if self.is_root:  # whatever escaped the process group
+        self._kill_uid(uid)
+      if workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+  def _kill_uid(self, uid):
+    """SIGKILL every process of `uid`: kill(-1) sent as that uid."""
+    for _ in range(10):
+      if not _pids_of_uid(uid):
+        return
+      subprocess.run(
+          [_KILL, '-9', '-1'], user=uid, group=uid, extra_groups=[], env=_ENV,
+          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+      time.sleep(0.01)

@@ -1,0 +1,178 @@
+"""The sandbox: verdicts cannot be faked, and no program can hurt the trainer."""
+
+import os
+import time
+
+import pytest
+
+from cascade_jax.sandbox import Limits
+from cascade_jax.sandbox import Sandbox
+
+ADD = 'def add(a, b):\n    return a + b\n'
+TESTS = 'assert add(1, 2) == 3\nassert add(-4, 4) == 0\n'
+
+
+@pytest.fixture(scope='module')
+def sb():
+  box = Sandbox(Limits(wall_seconds=8, cpu_seconds=4, memory_bytes=256 << 20,
+                       processes=16, output_bytes=64 << 10))
+  yield box
+  box.close()
+
+
+def _fails(sb, program, tests=TESTS, entry='add'):
+  r = sb.run_tests(program, tests, [entry])
+  assert not r.passed, r
+  return r
+
+
+def test_correct_program_passes(sb):
+  r = sb.run_tests(ADD, TESTS, ['add'])
+  assert r.passed and r.status == 'passed' and r.calls == 2, r
+
+
+def test_check_function_style_tests(sb):
+  tests = 'def check(candidate):\n    assert candidate(2, 2) == 4\n'
+  assert sb.run_tests(ADD, tests, ['add']).passed
+
+
+def test_wrong_program_fails(sb):
+  assert _fails(sb, 'def add(a, b):\n    return a - b\n').status == 'failed'
+
+
+@pytest.mark.parametrize('cheat', [
+    'import sys\nsys.exit(0)\n',
+    'import os\nos._exit(0)\n',
+    'raise SystemExit(0)\n',
+    ADD.replace('a + b', '__import__("os")._exit(0)'),   # exit inside a test
+    'print("PASSED")\nprint("all tests passed")\nimport os\nos._exit(0)\n',
+    # A result object whose __eq__ always agrees.
+    'class Yes:\n    def __eq__(self, other):\n        return True\n'
+    'def add(a, b):\n    return Yes()\n',
+    # An int subclass that lies the same way.
+    'class I(int):\n    def __eq__(self, other):\n        return True\n'
+    'def add(a, b):\n    return I(0)\n',
+    # Patching what the tests use: this process's builtins are not the judge's.
+    'import builtins\nbuiltins.AssertionError = type("X", (BaseException,), {})\n'
+    'def add(a, b):\n    return 0\n',
+    # Forging a verdict on every inherited file descriptor.
+    'import os, json, struct\nfor fd in range(3, 64):\n    try:\n'
+    '        d = json.dumps({"passed": True}).encode()\n'
+    '        os.write(fd, struct.pack(">I", len(d)) + d)\n'
+    '    except OSError:\n        pass\n'
+    'def add(a, b):\n    return 0\n',
+])
+def test_cheats_do_not_pass(sb, cheat):
+  _fails(sb, cheat)
+
+
+def test_infinite_loop_times_out_quickly(sb):
+  t0 = time.perf_counter()
+  r = _fails(sb, 'while True:\n    pass\n')
+  assert time.perf_counter() - t0 < 10, r
+  r = _fails(sb, ADD.replace('return a + b', 'while True: pass'))
+  assert time.perf_counter() - t0 < 20, r
+
+
+def test_fork_bomb_is_contained(sb):
+  bomb = ('import os\nwhile True:\n    try:\n        os.fork()\n'
+          '    except OSError:\n        pass\n')
+  _fails(sb, bomb)
+  assert sb.run_tests(ADD, TESTS, ['add']).passed  # the slot is clean again
+
+
+def test_memory_bomb_fails(sb):
+  _fails(sb, 'x = bytearray(10 ** 10)\n' + ADD)
+  _fails(sb, 'xs = []\nwhile True:\n    xs.append(bytearray(10 ** 7))\n')
+
+
+def test_deep_recursion_fails(sb):
+  _fails(sb, 'import sys\nsys.setrecursionlimit(10 ** 7)\n'
+         'def f(n):\n    return f(n + 1) + 1\nf(0)\n' + ADD)
+  _fails(sb, 'def add(a, b):\n    return add(a, b)\n')
+
+
+def test_huge_output_is_capped(sb):
+  _fails(sb, 'while True:\n    print("x" * 10000)\n')
+  r = sb.run_script('import sys\nsys.stdout.write("y" * 10 ** 7)\n')
+  assert len(r.stdout) <= 64 << 10 and r.status != 'ok', r.status
+
+
+def test_killing_the_parent_process_group_does_nothing(sb):
+  prog = ('import os, signal\n'
+          'for target in (0, -1, os.getppid(), -os.getpgid(os.getppid())):\n'
+          '    try:\n        os.kill(target, signal.SIGKILL)\n'
+          '    except OSError:\n        pass\n'
+          'try:\n    os.killpg(os.getpgid(1), signal.SIGKILL)\n'
+          'except OSError:\n    pass\n' + ADD)
+  sb.run_tests(prog, TESTS, ['add'])
+  assert os.getpid() > 0  # still here
+  assert sb.run_tests(ADD, TESTS, ['add']).passed
+
+
+def test_writes_outside_its_directory_fail(sb, tmp_path):
+  target = tmp_path / 'pwned'
+  os.chmod(tmp_path, 0o777)
+  for path in (str(target), '/var/tmp/pwned', '/etc/pwned', '/dev/shm/../pwned'):
+    r = sb.run_script(f'open({path!r}, "w").write("x")\n')
+    assert r.status == 'error', (path, r)
+  assert not target.exists()
+  r = sb.run_script('open("mine.txt", "w").write("ok")\n'
+                    'print(open("mine.txt").read())\n')
+  assert r.status == 'ok' and r.stdout.strip() == 'ok', r
+
+
+def test_no_network(sb):
+  r = sb.run_script(
+      'import socket\n'
+      's = socket.socket()\ns.settimeout(1)\n'
+      's.connect(("127.0.0.1", 1))\n')
+  assert r.status == 'error'
+  assert 'unreachable' in r.stderr or 'refused' in r.stderr.lower() or (
+      'Network' in r.stderr), r.stderr
+
+
+def test_environment_is_minimal(sb, monkeypatch):
+  monkeypatch.setenv('SECRET_TOKEN', 'hunter2')
+  r = sb.run_script('import os\nprint(sorted(os.environ))\nprint(os.getuid())\n')
+  assert 'SECRET_TOKEN' not in r.stdout
+  assert 'hunter2' not in r.stdout
+  if os.geteuid() == 0:
+    assert int(r.stdout.split()[-1]) != 0   # never root
+
+
+def test_daemonised_children_do_not_survive(sb):
+  if os.geteuid() != 0:
+    pytest.skip('uid sweeps need root')
+  prog = ('import os, time\n'
+          'if os.fork() == 0:\n    os.setsid()\n'
+          '    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\n'
+          + ADD)
+  sb.run_tests(prog, TESTS, ['add'])
+  from cascade_jax.sandbox import _sandbox  # pylint: disable=g-import-not-at-top
+  uids = [u for s in range(_sandbox._MAX_SLOTS) for u in _sandbox._SLOTS.uids(s)]
+  assert not any(_sandbox._pids_of_uid(u) for u in uids)
+
+
+def test_values_cross_as_builtin_data(sb):
+  prog = ('def f(x):\n    return (x, {1: [2.5, None]}, {"a"}, b"z", '
+          'float("inf"), 3 + 4j, frozenset([1]))\n')
+  tests = ('out = f([1, (2, 3)])\n'
+           'assert out == ([1, (2, 3)], {1: [2.5, None]}, {"a"}, b"z", '
+           'float("inf"), 3 + 4j, frozenset([1]))\n'
+           'assert type(out[0][1]) is tuple\n')
+  assert sb.run_tests(prog, tests, ['f']).passed
+
+
+def test_exceptions_keep_their_builtin_type(sb):
+  prog = 'def f(x):\n    raise ValueError("bad " + str(x))\n'
+  tests = ('try:\n    f(1)\nexcept ValueError as e:\n'
+           '    assert "bad 1" in str(e)\nelse:\n    raise AssertionError\n')
+  assert sb.run_tests(prog, tests, ['f']).passed
+
+
+def test_batch_runs_in_parallel_and_keeps_order(sb):
+  jobs = [dict(program=ADD if i % 2 else ADD.replace('+', '*'), tests=TESTS,
+               entry_points=['add']) for i in range(8)]
+  assert [r.passed for r in sb.run_tests_batch(jobs)] == [
+      bool(i % 2) for i in range(8)]
