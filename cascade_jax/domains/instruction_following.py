@@ -1,0 +1,178 @@
+"""Instruction following (IFEval style): responses under checkable constraints.
+
+The reward is the fraction of constraints met; `passed` means all of them.
+Levels: 1, 2 or 3 constraints per prompt. Constraint kinds: word counts
+(exactly / at most / at least), all lowercase, all capitals, required and
+forbidden words, first and last word, bullet lists, JSON objects with keys.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from cascade_jax.domains import _base
+
+TOPICS = {
+    'cats': ('soft', 'paws', 'purr', 'nap', 'fur', 'whiskers', 'mouse'),
+    'rain': ('wet', 'clouds', 'drops', 'gray', 'puddle', 'storm', 'cool'),
+    'space': ('stars', 'moon', 'dark', 'orbit', 'rocket', 'vast', 'comet'),
+    'food': ('bread', 'soup', 'salt', 'warm', 'spoon', 'rice', 'sweet'),
+    'music': ('song', 'drum', 'beat', 'loud', 'tune', 'piano', 'choir'),
+    'trees': ('leaf', 'root', 'green', 'bark', 'shade', 'branch', 'tall'),
+    'sea': ('waves', 'salt', 'blue', 'fish', 'tide', 'shore', 'deep'),
+    'winter': ('snow', 'cold', 'ice', 'coat', 'white', 'frost', 'scarf'),
+}
+EXTRA_WORDS = ('yes', 'now', 'here', 'so', 'well', 'fine', 'ok', 'true')
+JSON_KEYS = ('name', 'color', 'size', 'mood', 'place', 'time')
+_WORD = re.compile(r"[A-Za-z']+")
+
+
+def words(text: str) -> list[str]:
+  return _WORD.findall(text)
+
+
+# ------------------------------------------------------------ checking
+
+
+def _bullets(text: str) -> list[str]:
+  return [ln for ln in text.splitlines() if ln.strip()]
+
+
+def check(c: dict, text: str) -> bool:
+  """Whether `text` meets constraint `c` (see the module docstring)."""
+  kind = c['type']
+  ws = [w.lower() for w in words(text)]
+  if kind == 'word_count':
+    n = len(ws)
+    return {'exactly': n == c['n'], 'at_most': n <= c['n'],
+            'at_least': n >= c['n']}[c['relation']]
+  if kind == 'lowercase':
+    return bool(ws) and text == text.lower()
+  if kind == 'uppercase':
+    return bool(ws) and text == text.upper()
+  if kind == 'include':
+    return c['word'].lower() in ws
+  if kind == 'exclude':
+    return c['word'].lower() not in ws
+  if kind == 'start_with':
+    return bool(ws) and ws[0] == c['word'].lower()
+  if kind == 'end_with':
+    return bool(ws) and ws[-1] == c['word'].lower()
+  if kind == 'bullets':
+    lines = _bullets(text)
+    return len(lines) == c['n'] and all(
+        ln.startswith('- ') and words(ln) for ln in lines)
+  if kind == 'json_keys':
+    try:
+      obj = json.loads(text)
+    except ValueError:
+      return False
+    return isinstance(obj, dict) and set(c['keys']) <= set(obj)
+  raise ValueError(f'unknown constraint type {kind!r}')
+
+
+def describe(c: dict) -> str:
+  kind = c['type']
+  if kind == 'word_count':
+    return f"Use {c['relation'].replace('_', ' ')} {c['n']} words."
+  if kind == 'lowercase':
+    return 'Use only lowercase letters.'
+  if kind == 'uppercase':
+    return 'Use only capital letters.'
+  if kind == 'include':
+    return f"Include the word '{c['word']}'."
+  if kind == 'exclude':
+    return f"Do not use the word '{c['word']}'."
+  if kind == 'start_with':
+    return f"Start with the word '{c['word']}'."
+  if kind == 'end_with':
+    return f"End with the word '{c['word']}'."
+  if kind == 'bullets':
+    return f"Answer as a list of {c['n']} bullet points starting with '- '."
+  if kind == 'json_keys':
+    keys = ' and '.join(f"'{k}'" for k in c['keys'])
+    return f'Answer as a JSON object with the keys {keys}.'
+  raise ValueError(f'unknown constraint type {kind!r}')
+
+
+# ---------------------------------------------------------- generating
+
+
+def _make(rng: random.Random, level: int):
+  topic = rng.choice(sorted(TOPICS))
+  vocab = list(TOPICS[topic])
+  fmt = rng.choice(('plain', 'plain', 'bullets', 'json')) if level > 1 else 'plain'
+  cons: list[dict] = []
+  case = rng.choice((None, 'lowercase', 'uppercase'))
+  if fmt == 'plain':
+    n = rng.randint(2, 5)
+    pool = ['word_count', 'include', 'exclude', 'start_with', 'end_with',
+            'case']
+    picks = rng.sample(pool, level) if level > 1 else [rng.choice(pool)]
+    body = rng.sample(vocab, n)
+    if 'word_count' in picks:
+      relation = rng.choice(('exactly', 'at_most', 'at_least'))
+      cons.append(dict(type='word_count', relation=relation, n=n))
+    if 'start_with' in picks:
+      w = rng.choice(EXTRA_WORDS)
+      body[0] = w
+      cons.append(dict(type='start_with', word=w))
+    if 'end_with' in picks:
+      w = rng.choice([e for e in EXTRA_WORDS if e != body[0]])
+      body[-1] = w
+      cons.append(dict(type='end_with', word=w))
+    if 'include' in picks:  # after the first / last words are settled
+      cons.append(dict(type='include', word=body[rng.randrange(n)]))
+    if 'exclude' in picks:
+      cons.append(dict(type='exclude',
+                       word=rng.choice([w for w in vocab if w not in body])))
+    if 'case' in picks:
+      case = case or 'lowercase'
+      cons.append(dict(type=case))
+    response = ' '.join(body)
+  elif fmt == 'bullets':
+    n = rng.randint(2, 4)
+    cons.append(dict(type='bullets', n=n))
+    items = rng.sample(vocab, n)
+    if level == 3:
+      w = rng.choice(items)
+      cons.append(dict(type='include', word=w))
+    if case:
+      cons.append(dict(type=case))
+    response = '\n'.join(f'- {w}' for w in items)
+  else:
+    keys = rng.sample(JSON_KEYS, rng.randint(1, 2 if level == 2 else 3))
+    cons.append(dict(type='json_keys', keys=keys))
+    response = json.dumps({k: rng.choice(vocab) for k in keys})
+  if case in ('lowercase', 'uppercase') and dict(type=case) in cons:
+    response = response.upper() if case == 'uppercase' else response.lower()
+  prompt = f'Write about {topic}. ' + ' '.join(describe(c) for c in cons)
+  key = json.dumps([topic, sorted(json.dumps(c, sort_keys=True) for c in cons)])
+  return key, dict(messages=_base.user(prompt), constraints=cons,
+                   response=response)
+
+
+def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2):
+  return _base.sample(_make, domain='instruction_following', split=split, n=n,
+                      seed=seed, levels=levels, eval_fraction=eval_fraction)
+
+
+def verify(records, responses, *, sandbox=None):
+  del sandbox
+  out = []
+  for rec, resp in zip(records, responses, strict=True):
+    text = _base.strip_think(resp)
+    # Every prompt asks for writing: saying nothing meets no constraint
+    # (else "at most 3 words" or "do not use X" would reward silence).
+    met = [bool(words(text)) and check(c, text) for c in rec['constraints']]
+    out.append(_base.Score(sum(met) / max(len(met), 1), all(met),
+                           {'met': met}))
+  return out
+
+
+DOMAIN = _base.Domain(
+    name='instruction_following', generate=generate, verify=verify,
+    required_fields=('constraints',),
+    description='IFEval-style constraints; reward = fraction met')

@@ -1,0 +1,124 @@
+"""SWE: repair a short buggy Python function given a failing test; graded by running the tests.
+
+The response is the fixed function, or a unified diff against the buggy
+code (`--- a/solution.py` / `+++ b/solution.py` / `@@` hunks). Records carry
+`buggy_code`, `entry_point`, `tests` (the failing test among them).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from cascade_jax.domains import _base
+from cascade_jax.domains import code
+
+
+class PatchError(ValueError):
+  """A diff that does not apply to the source."""
+
+
+_HUNK = re.compile(r'^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@')
+
+
+def apply_unified_diff(src: str, diff: str) -> str:
+  """Applies a one-file unified diff strictly: context and removals must match."""
+  lines = src.splitlines()
+  out: list[str] = []
+  pos = 0
+  hunks = 0
+  dl = diff.splitlines()
+  i = 0
+  while i < len(dl):
+    m = _HUNK.match(dl[i])
+    i += 1
+    if not m:
+      continue
+    hunks += 1
+    start = int(m.group(1)) - 1 if int(m.group(2) or 1) else int(m.group(1))
+    if start < pos:
+      raise PatchError('hunks overlap or are out of order')
+    out.extend(lines[pos:start])
+    pos = start
+    while i < len(dl) and not dl[i].startswith('@@'):
+      ln = dl[i]
+      i += 1
+      if ln.startswith('\\'):  # "\ No newline at end of file"
+        continue
+      tag, text = (ln[:1], ln[1:]) if ln else (' ', '')
+      if tag in (' ', '-'):
+        if pos >= len(lines) or lines[pos] != text:
+          raise PatchError(f'line {pos + 1} does not match: expected '
+                           f'{text!r}, found '
+                           f'{lines[pos] if pos < len(lines) else "EOF"!r}')
+        pos += 1
+        if tag == ' ':
+          out.append(text)
+      elif tag == '+':
+        out.append(text)
+      else:
+        raise PatchError(f'bad diff line {ln!r}')
+  if not hunks:
+    raise PatchError('no @@ hunk found')
+  out.extend(lines[pos:])
+  return '\n'.join(out) + '\n'
+
+
+def looks_like_diff(text: str) -> bool:
+  return bool(re.search(r'^@@ -\d', text, re.M))
+
+
+def _diff_body(text: str) -> str:
+  m = re.search(r'```(?:diff|patch)?\n(.*?)```', text, re.S)
+  return m.group(1) if m else text
+
+
+def program_from_response(rec, response: str) -> str:
+  text = _base.strip_think(response)
+  if looks_like_diff(text):
+    try:
+      return apply_unified_diff(rec['buggy_code'], _diff_body(text))
+    except PatchError:
+      return ''  # a patch that does not apply fixes nothing
+  return _base.extract_code(text)
+
+
+def _make(rng: random.Random, level: int):
+  task, params, ref, tests, _ = code.make_instance(rng, level)
+  buggy = code.source(task, params, buggy=True)
+  failing = []
+  for t in tests:
+    ns: dict = {}
+    exec(buggy, ns)  # pylint: disable=exec-used  # our own generated code
+    try:
+      exec(t, ns)  # pylint: disable=exec-used
+    except AssertionError:
+      failing.append(t)
+    except Exception:  # pylint: disable=broad-except
+      failing.append(t)
+  if not failing:  # the bug is invisible to these inputs: draw again
+    return _make(rng, level)
+  shown = rng.choice(failing)
+  prompt = (f'This function has a bug: the test `{shown}` fails.\n'
+            f'Reply with the fixed function.\n\n{buggy}')
+  key = f"{task.name}:{sorted(params.items())}"
+  return key, dict(messages=_base.user(prompt), entry_point=task.name,
+                   buggy_code=buggy, failing_test=shown, tests=tests,
+                   response=ref)
+
+
+def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2):
+  return _base.sample(_make, domain='swe', split=split, n=n, seed=seed,
+                      levels=levels, eval_fraction=eval_fraction)
+
+
+def verify(records, responses, *, sandbox=None):
+  programs = [program_from_response(r, s) for r, s in
+              zip(records, responses, strict=True)]
+  return code.run_programs(records, programs, sandbox)
+
+
+DOMAIN = _base.Domain(
+    name='swe', generate=generate, verify=verify,
+    required_fields=('buggy_code', 'entry_point', 'tests'), needs_sandbox=True,
+    description='fix a buggy function (code or unified diff); sandboxed tests')

@@ -1,0 +1,235 @@
+"""Domains: generators, verifiers, the record format and the loader."""
+
+import json
+
+import pytest
+
+from cascade_jax import domains
+from cascade_jax.domains import instruction_following as ifd
+from cascade_jax.domains import swe
+
+ALL = domains.names()
+FAST = [d for d in ALL if not domains.get(d).needs_sandbox]
+
+
+def test_registry_has_one_domain_per_recipe_stage():
+  assert set(ALL) == {'instruction_following', 'multi_domain', 'math', 'code',
+                      'long_context', 'swe', 'preference'}
+  with pytest.raises(ValueError, match="unknown domain 'chess'"):
+    domains.get('chess')
+
+
+@pytest.mark.parametrize('name', ALL)
+def test_generator_is_seeded_sized_and_split_disjoint(name):
+  n = 40 if name in FAST else 12
+  a = domains.generate(name, split='train', n=n, seed=3)
+  b = domains.generate(name, split='train', n=n, seed=3)
+  c = domains.generate(name, split='train', n=n, seed=4)
+  ev = domains.generate(name, split='eval', n=n, seed=3)
+  assert a == b and a != c and len(a) == n
+  assert len({r['id'] for r in a}) == n
+  train_prompts = {domains.prompt_of(r) for r in a + c}
+  if name != 'preference':  # pairs, not prompts, are the unit there
+    assert not train_prompts & {domains.prompt_of(r) for r in ev}
+  for r in a + ev:
+    domains.validate(r)  # generated records follow the documented format
+
+
+@pytest.mark.parametrize('name', ALL)
+def test_reference_responses_pass_and_wrong_ones_fail(name):
+  n = 30 if name in FAST else 10
+  recs = domains.generate(name, split='eval', n=n, seed=1)
+  good = domains.score(recs, [r['response'] for r in recs])
+  assert all(s.passed and s.reward == 1.0 for s in good)
+  empty = domains.score(recs, [''] * n)
+  assert not any(s.passed for s in empty)
+  # Another record's answer is (almost always) wrong.
+  shifted = domains.score(recs, [r['response'] for r in recs[1:] + recs[:1]])
+  assert sum(s.passed for s in shifted) <= n // 3
+
+
+@pytest.mark.parametrize('name', FAST)
+def test_levels_are_honoured(name):
+  recs = domains.generate(name, split='train', n=30, seed=0, levels=(2,))
+  assert {r['level'] for r in recs} == {2}
+
+
+def test_exhausted_problem_space_is_a_clear_error():
+  with pytest.raises(ValueError, match='found only .* distinct'):
+    domains.generate('math', split='eval', n=10_000, seed=0, levels=(1,))
+
+
+@pytest.mark.parametrize('gold, pred, ok', [
+    ('1/2', '0.5', True), ('1/2', r'\frac{1}{2}', True), ('3/4', '0.75', True),
+    ('12', '12', True), ('12', '12.0', True), ('12', '13', False),
+    ('3/4', '4/3', False), ('-3', '-3', True),
+])
+def test_math_accepts_equivalent_forms(gold, pred, ok):
+  rec = dict(id='m', domain='math', messages=[], answer=gold)
+  (s,) = domains.get('math').verify([rec], [f'<think>try</think> \\boxed{{{pred}}}'])
+  assert s.passed is ok
+
+
+def test_math_needs_a_boxed_answer():
+  rec = dict(id='m', domain='math', messages=[], answer='4')
+  (s,) = domains.get('math').verify([rec], ['the answer is 4'])
+  assert not s.passed and s.details['reason']
+
+
+@pytest.mark.parametrize('c, text, ok', [
+    (dict(type='word_count', relation='exactly', n=3), 'one two three', True),
+    (dict(type='word_count', relation='at_most', n=2), 'one two three', False),
+    (dict(type='word_count', relation='at_least', n=3), "it's a b", True),
+    (dict(type='lowercase'), 'all small', True),
+    (dict(type='lowercase'), 'Not small', False),
+    (dict(type='uppercase'), 'BIG ONE', True),
+    (dict(type='include', word='sun'), 'the Sun is up', True),
+    (dict(type='exclude', word='sun'), 'sunny day', True),
+    (dict(type='start_with', word='yes'), 'Yes, it is', True),
+    (dict(type='end_with', word='now'), 'do it now.', True),
+    (dict(type='bullets', n=2), '- a\n- b', True),
+    (dict(type='bullets', n=2), '- a\n* b', False),
+    (dict(type='json_keys', keys=['a']), '{"a": 1, "b": 2}', True),
+    (dict(type='json_keys', keys=['a']), '[1]', False),
+])
+def test_instruction_constraints_by_hand(c, text, ok):
+  assert ifd.check(c, text) is ok
+
+
+def test_instruction_reward_is_fraction_met():
+  rec = dict(id='i', domain='instruction_following', messages=[],
+             constraints=[dict(type='lowercase'),
+                          dict(type='word_count', relation='exactly', n=2)])
+  (s,) = domains.get('instruction_following').verify([rec], ['three words here'])
+  assert s.reward == 0.5 and not s.passed
+
+
+def test_multi_domain_formats():
+  v = domains.get('multi_domain').verify
+  mcq = dict(id='q', domain='multi_domain', messages=[], kind='mcq', answer='C')
+  tool = dict(id='t', domain='multi_domain', messages=[], kind='tool_call',
+              answer=dict(name='add', arguments=dict(a=3, b=4)))
+  st = dict(id='s', domain='multi_domain', messages=[], kind='structured',
+            answer=dict(name='Ada', age=31))
+  scores = v([mcq, mcq, mcq, tool, tool, st, st, st], [
+      r'\boxed{C}', 'Answer: C', r'\boxed{B}',
+      '<tool_call>{"name": "add", "arguments": {"b": 4, "a": 3.0}}</tool_call>',
+      '<tool_call>{"name": "add", "arguments": {"a": 4, "b": 3}}</tool_call>',
+      '{"name": "ada", "age": 31}', '{"name": "Ada", "age": 30}', 'Ada, 31'])
+  assert [s.passed for s in scores] == [True, True, False, True, False, True,
+                                        False, False]
+  assert scores[6].reward == 0.5
+
+
+def test_long_context_length_is_configurable():
+  short = domains.generate('long_context', split='train', n=5, seed=0,
+                           levels=(1,))
+  long = domains.generate('long_context', split='train', n=5, seed=0,
+                          context_chars=4000)
+  avg = lambda rs: sum(len(domains.prompt_of(r)) for r in rs) / len(rs)
+  assert avg(short) < 400 < 4000 <= avg(long)
+
+
+def test_swe_accepts_a_unified_diff_and_rejects_bad_ones():
+  rec = domains.generate('swe', split='eval', n=1, seed=0)[0]
+  buggy, fixed = rec['buggy_code'].splitlines(), rec['response'].splitlines()
+  diff = ('--- a/solution.py\n+++ b/solution.py\n@@ -1,2 +1,2 @@\n'
+          f' {buggy[0]}\n-{buggy[1]}\n+{fixed[1]}\n')
+  assert swe.apply_unified_diff(rec['buggy_code'], diff) == rec['response']
+  stale = diff.replace(f'-{buggy[1]}', '-    return 42')
+  with pytest.raises(swe.PatchError, match='does not match'):
+    swe.apply_unified_diff(rec['buggy_code'], stale)
+  s = domains.score([rec] * 4, [diff, f'```diff\n{diff}```', stale,
+                                rec['buggy_code']])
+  assert [x.passed for x in s] == [True, True, False, False]
+
+
+def test_preference_pairs_encode_a_consistent_taste():
+  recs = domains.generate('preference', split='train', n=200, seed=0)
+  v = domains.get('preference').verify
+  chosen = v(recs, [r['chosen'] for r in recs])
+  rejected = v(recs, [r['rejected'] for r in recs])
+  assert all(c.reward > r.reward for c, r in zip(chosen, rejected))
+
+
+# ------------------------------------------------------------ the loader
+
+
+def _write(tmp_path, rows):
+  p = tmp_path / 'data.jsonl'
+  p.write_text('\n'.join(r if isinstance(r, str) else json.dumps(r)
+                         for r in rows) + '\n')
+  return str(p)
+
+
+GOOD = dict(id='a1', domain='math', prompt='What is 2 + 2?', answer='4')
+
+
+def test_user_jsonl_loads_with_prompt_shorthand(tmp_path):
+  recs, report = domains.load_jsonl(_write(tmp_path, [GOOD]))
+  assert recs[0]['messages'] == [{'role': 'user', 'content': 'What is 2 + 2?'}]
+  assert report.kept == report.read == 1
+  (s,) = domains.score(recs, [r'\boxed{4}'])
+  assert s.passed
+
+
+@pytest.mark.parametrize('row, where', [
+    ('{"id": "x", "domain": "math", ', 'invalid JSON'),
+    (dict(GOOD, id=''), "field 'id'"),
+    ({k: v for k, v in GOOD.items() if k != 'domain'}, "field 'domain'"),
+    (dict(GOOD, domain='chess'), "field 'domain': unknown domain 'chess'"),
+    ({k: v for k, v in GOOD.items() if k != 'answer'}, "field 'answer'"),
+    ({k: v for k, v in GOOD.items() if k != 'prompt'}, "field 'messages'"),
+    (dict(GOOD, prompt=None, messages=[{'role': 'bot', 'content': 'x'}]),
+     r"field 'messages\[0\]'"),
+    (dict(GOOD, response=3), "field 'response'"),
+    (dict(id='c', domain='code', prompt='p', tests=['assert f() == 1']),
+     "field 'entry_point'"),
+])
+def test_malformed_rows_name_file_line_and_field(tmp_path, row, where):
+  path = _write(tmp_path, [GOOD, row])
+  with pytest.raises(domains.RecordError, match=f'data.jsonl:2: .*{where}'):
+    domains.load_jsonl(path)
+
+
+def test_skip_mode_counts_every_skipped_row(tmp_path):
+  path = _write(tmp_path, [GOOD, '{oops', dict(GOOD, id='a2'),
+                           dict(GOOD, id='a1'), dict(GOOD, id='a3',
+                                                     domain='chess')])
+  recs, report = domains.load_jsonl(path, on_error='skip')
+  assert [r['id'] for r in recs] == ['a1', 'a2']
+  assert report.read == 5 and report.kept == 2
+  assert [line for line, _ in report.skipped] == [2, 4, 5]
+  assert 'appears twice' in report.skipped[1][1]
+  assert 'skipped 3' in str(report)
+
+
+def test_save_and_load_round_trip(tmp_path):
+  recs = domains.generate('multi_domain', split='train', n=20, seed=0)
+  path = str(tmp_path / 'md.jsonl')
+  domains.save_jsonl(recs, path)
+  again, _ = domains.load_jsonl(path, domain='multi_domain')
+  assert again == recs
+
+
+def test_a_new_domain_is_one_registration(tmp_path):
+  def verify(records, responses, *, sandbox=None):
+    return [domains.Score(float(r['answer'] in s), r['answer'] in s)
+            for r, s in zip(records, responses)]
+  domains.register(domains.Domain(
+      name='echo_test', generate=None, verify=verify,
+      required_fields=('answer',)))
+  path = _write(tmp_path, [dict(id='e', domain='echo_test', prompt='say hi',
+                                answer='hi')])
+  recs, _ = domains.load_jsonl(path)
+  assert domains.evaluate(recs, ['hi there'])['echo_test'].pass_rate == 1.0
+
+
+def test_evaluate_reports_per_domain():
+  recs = (domains.generate('math', split='eval', n=4, seed=0) +
+          domains.generate('long_context', split='eval', n=4, seed=0))
+  responses = [r['response'] for r in recs[:6]] + ['no', 'no']
+  scores = domains.evaluate(recs, responses)
+  assert scores['math'].pass_rate == 1.0
+  assert scores['long_context'].pass_rate == 0.5
+  assert 'long_context' in domains.format_scores(scores)
