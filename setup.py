@@ -21,6 +21,7 @@ setuptools.setup(
         'numpy>=1.26',
         'safetensors>=0.4',
         'math-verify>=0.7',
+        'tensorboardX>=2.6',
     ],
     extras_require={
         # The local CPU wheel: any other torch version downloads gigabytes.

@@ -1,5 +1,6 @@
-"""Checkpoints: Hugging Face import / export (Orbax save / restore arrives with SFT)."""
+"""Checkpoints: Orbax save / restore of runs, Hugging Face import / export."""
 
 from cascade_jax.checkpoint._hf_qwen3 import config_from_hf
 from cascade_jax.checkpoint._hf_qwen3 import load_hf_qwen3_moe
 from cascade_jax.checkpoint._hf_qwen3 import save_hf_qwen3_moe
+from cascade_jax.checkpoint._orbax import Checkpointer

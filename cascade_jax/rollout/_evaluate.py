@@ -1,0 +1,54 @@
+"""Per-domain evaluation of a model: generate on each eval split, score with the verifiers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+
+from cascade_jax import data
+from cascade_jax import domains
+from cascade_jax.rollout._sampler import generate
+from cascade_jax.rollout._sampler import SampleConfig
+
+
+def responses_for(model, tok: data.Tokenizer, records: Sequence[dict], *,
+                  cfg: SampleConfig, batch_size: int = 128,
+                  key: jax.Array | None = None) -> list[str]:
+  """Decoded responses, one per record (batched; the last batch is padded
+  with repeats so that every batch has one shape and compiles once)."""
+  prompts = [data.encode_prompt(tok, r['messages']) for r in records]
+  key = jax.random.key(0) if key is None else key
+  out = []
+  for i in range(0, len(prompts), batch_size):
+    chunk = prompts[i:i + batch_size]
+    pad = batch_size - len(chunk) if len(prompts) > batch_size else 0
+    key, sub = jax.random.split(key)
+    ro = generate(model, chunk + [chunk[-1]] * pad, cfg=cfg,
+                  stop_id=tok.im_end, pad_id=tok.pad_id, key=sub)
+    toks, mask = jax.device_get((ro.tokens, ro.mask))
+    for row, m in zip(toks[:len(chunk)], mask[:len(chunk)]):
+      ids = [int(t) for t, keep in zip(row, m) if keep and t != tok.im_end]
+      out.append(tok.decode(ids))
+  return out
+
+
+def max_new_tokens_for(tok: data.Tokenizer, records: Sequence[dict],
+                       slack: int = 8, bucket: int = 8) -> int:
+  """A generation budget from the reference responses' lengths."""
+  longest = max(len(tok.encode(r.get('response', ''))) for r in records)
+  return -(-(longest + 1 + slack) // bucket) * bucket
+
+
+def evaluate_model(model, tok: data.Tokenizer,
+                   eval_sets: Mapping[str, Sequence[dict]], *,
+                   temperature: float = 0.0, batch_size: int = 128,
+                   sandbox=None) -> dict[str, domains.DomainScore]:
+  """Greedy (by default) generation on each domain's eval records, scored."""
+  scores = {}
+  for name, recs in eval_sets.items():
+    cfg = SampleConfig(max_new_tokens=max_new_tokens_for(tok, recs),
+                       temperature=temperature)
+    resp = responses_for(model, tok, recs, cfg=cfg, batch_size=batch_size)
+    scores.update(domains.evaluate(recs, resp, sandbox=sandbox))
+  return scores

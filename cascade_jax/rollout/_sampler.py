@@ -1,0 +1,153 @@
+"""Jitted batched generation with the model's KV cache: prefill, then a while_loop of decode steps.
+
+Prompts of different lengths are left-padded (segment 0, never attended) to
+a bucketed length, so the sampler compiles once per (batch, prompt bucket,
+max new tokens) shape. Each row stops at its stop token; the loop ends when
+every row has stopped or the budget is spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cascade_jax import model as model_lib
+
+_NEG = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+  max_new_tokens: int = 64
+  temperature: float = 1.0      # 0: greedy
+  top_p: float = 1.0
+  top_k: int = 0                # 0: off
+  prompt_bucket: int = 32       # prompts are left-padded to a multiple of this
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Rollout:
+  """Generated tokens and what the learner needs about them."""
+  tokens: jax.Array        # [B, N] int32, pad after the stop token
+  logprobs: jax.Array      # [B, N] log-prob of each token under the sampler
+  mask: jax.Array          # [B, N] 1 for response tokens (stop token included)
+  truncated: jax.Array     # [B] bool: hit max_new_tokens without stopping
+  expert_idx: jax.Array | None  # [L_moe, B, N, k] experts chosen per token
+
+
+def process_logits(logits, cfg: SampleConfig):
+  """Temperature, top-k and top-p applied to [B, V] logits (fp32)."""
+  logits = logits.astype(jnp.float32) / cfg.temperature
+  if cfg.top_k:
+    kth = jax.lax.top_k(logits, cfg.top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, _NEG, logits)
+  if cfg.top_p < 1.0:
+    sorted_l = jnp.sort(logits, axis=-1)[:, ::-1]
+    cum = jnp.cumsum(jax.nn.softmax(sorted_l, axis=-1), axis=-1)
+    # Keep the smallest set whose mass reaches top_p (the first always).
+    cutoff_idx = jnp.sum(cum < cfg.top_p, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(sorted_l, cutoff_idx, axis=-1)
+    logits = jnp.where(logits < cutoff, _NEG, logits)
+  return logits
+
+
+def _select(logits, key, cfg: SampleConfig):
+  """Next token and its log-prob under the sampling distribution."""
+  if cfg.temperature == 0.0:
+    tok = jnp.argmax(logits, axis=-1)
+    return tok.astype(jnp.int32), jnp.zeros(tok.shape, jnp.float32)
+  logp = jax.nn.log_softmax(process_logits(logits, cfg), axis=-1)
+  tok = jax.random.categorical(key, logp).astype(jnp.int32)
+  return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_id',
+                                             'pad_id', 'record_experts'))
+def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
+              pad_id, record_experts):
+  model = nnx.merge(graph, state)
+  b, p = prompt_bp.shape
+  n = cfg.max_new_tokens
+  pos = jnp.arange(p)[None, :] - (p - prompt_len_b[:, None])   # left-padded
+  seg = (pos >= 0).astype(jnp.int32)
+  cache = model_lib.init_cache(model.cfg, b, p + n)
+  logits, info = model(prompt_bp, positions_bt=jnp.maximum(pos, 0),
+                       segment_ids_bt=seg, cache=cache)
+  n_moe = model.cfg.pattern.count('E')
+  k_top = model.cfg.moe.top_k if n_moe else 0
+  experts0 = jnp.zeros((n_moe, b, n, k_top), jnp.int32)
+
+  def cond(c):
+    t, *_, done = c
+    return (t < n) & ~jnp.all(done)
+
+  def body(c):
+    t, last_logits, cache, key, toks, lps, experts, done = c
+    key, sub = jax.random.split(key)
+    tok, lp = _select(last_logits, sub, cfg)
+    tok = jnp.where(done, pad_id, tok)
+    toks = toks.at[:, t].set(tok)
+    lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
+    new_done = done | (tok == stop_id)
+    logits, info = model(tok[:, None], positions_bt=(prompt_len_b + t)[:, None],
+                         segment_ids_bt=jnp.ones((b, 1), jnp.int32),
+                         cache=cache)
+    if record_experts and n_moe:
+      # The experts that *consumed* token t: the training forward pass over
+      # the sampled sequence routes token t with these.
+      experts = experts.at[:, :, t].set(info['expert_idx'][:, :, 0])
+    return (t + 1, logits[:, -1], info['cache'], key, toks, lps, experts,
+            new_done)
+
+  init = (jnp.zeros((), jnp.int32), logits[:, -1], info['cache'], key,
+          jnp.full((b, n), pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
+          experts0, jnp.zeros((b,), bool))
+  t, _, _, _, toks, lps, experts, done = jax.lax.while_loop(cond, body, init)
+  steps = jnp.arange(n)[None, :]
+  stop_at = jnp.argmax(toks == stop_id, axis=1)
+  has_stop = jnp.any(toks == stop_id, axis=1)
+  length = jnp.where(has_stop, stop_at + 1, t)
+  mask = (steps < length[:, None]).astype(jnp.int32)
+  prompt_experts = info.get('expert_idx') if record_experts and n_moe else None
+  return Rollout(tokens=toks, logprobs=lps * mask, mask=mask,
+                 truncated=~has_stop,
+                 expert_idx=(jnp.concatenate([prompt_experts, experts], 2)
+                             if prompt_experts is not None else None))
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], bucket: int,
+                pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Left-pads to the bucketed maximum length: ([B, P], lengths [B])."""
+  if not prompts or any(len(x) == 0 for x in prompts):
+    raise ValueError('every prompt must have at least one token')
+  longest = max(len(x) for x in prompts)
+  p = -(-longest // bucket) * bucket
+  out = np.full((len(prompts), p), pad_id, np.int32)
+  for i, x in enumerate(prompts):
+    out[i, p - len(x):] = x
+  return out, np.asarray([len(x) for x in prompts], np.int32)
+
+
+def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], *,
+             cfg: SampleConfig, stop_id: int, pad_id: int = 0,
+             key: jax.Array | None = None,
+             record_experts: bool = False) -> Rollout:
+  """Samples one continuation per prompt (repeat prompts for G samples).
+
+  With `record_experts`, `expert_idx` holds the experts of every position of
+  prompt + response ([L_moe, B, P + N, k], prompt left-padded to P), ready
+  to replay in the learner's forward pass.
+  """
+  tokens, lengths = pad_prompts(prompts, cfg.prompt_bucket, pad_id)
+  graph, state = nnx.split(model)
+  key = jax.random.key(0) if key is None else key
+  return _generate(graph, state, jnp.asarray(tokens), jnp.asarray(lengths),
+                   key, cfg=cfg, stop_id=stop_id, pad_id=pad_id,
+                   record_experts=record_experts)

@@ -1,0 +1,238 @@
+"""Supervised fine-tuning on packed sequences: the recipe's first stage.
+
+The algorithm: next-token cross-entropy on the assistant tokens (by
+default) of chat-formatted examples, packed into fixed-length rows whose
+segments never attend to each other; AdamW with warm-up and cosine decay,
+global-norm clipping, optional gradient accumulation; the MoE router's
+aux-loss-free bias is updated after every step, outside the optimizer.
+The run checkpoints (params, optimizer, step, data iterator) with Orbax
+and resumes from its latest checkpoint when started again.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from cascade_jax import checkpoint
+from cascade_jax import data
+from cascade_jax import domains
+from cascade_jax import metrics as metrics_lib
+from cascade_jax import model as model_lib
+from cascade_jax import rollout
+from cascade_jax import sharding
+from cascade_jax import train
+
+
+def _loss_fn(params, rest, graph, batch, n_tokens, aux_scale):
+  model = nnx.merge(graph, params, rest)
+  logits, info = model(batch['inputs'], positions_bt=batch['positions'],
+                       segment_ids_bt=batch['segment_ids'])
+  nll, _ = train.masked_nll_sum(logits, batch['targets'], batch['mask'])
+  loss = nll / n_tokens + aux_scale * info['aux_loss']
+  return loss, (nll, info.get('router', {}))
+
+
+@functools.partial(jax.jit, static_argnames=('graph', 'opt', 'accum',
+                                             'bias_rate', 'n_moe',
+                                             'num_experts'),
+                   donate_argnums=0)
+def train_step(state: train.TrainState, batch, *, graph, opt, accum: int,
+               bias_rate: float, n_moe: int, num_experts: int):
+  """One optimizer step over `batch`, split into `accum` micro-batches.
+
+  The loss is the token mean over the whole batch: each micro-batch's sum
+  is divided by the batch's token count, so accumulation is exact.
+  """
+  n_tokens = jnp.maximum(jnp.sum(batch['mask']), 1).astype(jnp.float32)
+  micro = jax.tree.map(lambda x: x.reshape(accum, -1, *x.shape[1:]), batch)
+  grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
+
+  def body(carry, mb):
+    g_acc, nll_acc, loads = carry
+    (_, (nll, router)), g = grad_fn(state.params, state.rest, graph, mb,
+                                    n_tokens, 1.0 / accum)
+    load = router.get('load', loads[0] * 0)
+    return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll,
+            (loads[0] + load / accum, loads[1] + router.get(
+                'dropped', jnp.zeros_like(loads[1])) / accum)), None
+
+  zeros_load = (jnp.zeros((n_moe, num_experts)),
+                jnp.zeros((n_moe,)))
+  g0 = jax.tree.map(jnp.zeros_like, state.params)
+  (grads, nll, (load, dropped)), _ = jax.lax.scan(
+      body, (g0, jnp.zeros(()), zeros_load), micro)
+  updates, opt_state = opt.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  rest = state.rest
+  if n_moe and bias_rate:
+    m = nnx.merge(graph, params, rest)
+    m.update_expert_biases(load, bias_rate)
+    rest = nnx.state(m, nnx.Not(nnx.Param))
+  metrics = dict(loss=nll / n_tokens, grad_norm=optax.global_norm(grads),
+                 tokens=n_tokens)
+  if n_moe:
+    metrics.update(expert_load_max=jnp.max(load) * load.shape[-1],
+                   expert_load_min=jnp.min(load) * load.shape[-1],
+                   dropped=jnp.mean(dropped))
+  return train.TrainState(params, rest, opt_state, state.step + 1), metrics
+
+
+# ------------------------------------------------------------------ setup
+
+
+def tokenizer_for(config, workdir: str, vocab_size: int) -> data.Tokenizer:
+  """The configured .model file, or one trained on the sources (cached)."""
+  path = config.tokenizer.path or os.path.join(workdir, 'tokenizer.model')
+  texts = None
+  if not os.path.exists(path):
+    texts = []
+    for name, spec in sorted(config.data.sources.items()):
+      recs, _ = data.source_records(name, spec.to_dict(), seed=config.seed)
+      for r in recs[:config.tokenizer.corpus_per_source]:
+        texts += [m['content'] for m in r['messages']] + [r.get('response', '')]
+  tok = data.get_tokenizer(path, texts, vocab_size)
+  data.check_vocab(tok, vocab_size)
+  return tok
+
+
+def eval_sets(config) -> dict[str, list[dict]]:
+  """Each generated source's domain: its eval split (never trained on)."""
+  sets = {}
+  for name, spec in sorted(config.data.sources.items()):
+    spec = spec.to_dict()
+    if 'jsonl' in spec or not config.eval_n:
+      continue
+    dom = spec.get('domain', name)
+    sets[dom] = domains.generate(
+        dom, split='eval', n=config.eval_n, seed=config.seed,
+        levels=tuple(spec.get('levels', (1, 2, 3))),
+        **dict(spec.get('options', {})))
+  return sets
+
+
+def build_model(config, ctx):
+  cfg = train.model_config(config.model.preset,
+                           config.model.overrides.to_dict())
+  model = model_lib.Transformer(cfg, rngs=nnx.Rngs(config.seed), ctx=ctx)
+  if ctx is not None:
+    sharding.shard_model(model, ctx)
+  return cfg, model
+
+
+def mesh_ctx(config):
+  shape = dict(config.mesh.to_dict()) if config.get('mesh') else {}
+  if not shape or jax.device_count() == 1:
+    return None
+  return sharding.ShardingCtx(sharding.make_mesh(shape))
+
+
+def put_batch(batch, ctx):
+  if ctx is None:
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+  return {k: sharding.put(np.asarray(v), ctx.sharding(('batch', None), v.shape))
+          for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------- run
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (or resumes) an SFT run in `workdir`; returns the final scores."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  ctx = mesh_ctx(config)
+  cfg, model = build_model(config, ctx)
+  tok = tokenizer_for(config, workdir, cfg.vocab_size)
+  oc = train.OptimConfig(**config.optim.to_dict())
+  opt = train.make_optimizer(oc)
+  graph, state = train.init_state(model, opt)
+
+  ds, reports = data.build_dataset(
+      tok, {k: v.to_dict() for k, v in config.data.sources.items()},
+      seq_len=config.data.seq_len, batch_size=config.data.batch_size,
+      seed=config.seed, loss_on=config.data.loss_on,
+      too_long=config.data.too_long,
+      empty_response=config.data.empty_response)
+  it = iter(ds)
+  for r in reports:
+    print(f'[sft] source {r.name}: {r.examples} examples, {r.tokens} tokens'
+          + (f', skipped {r.skipped_too_long} too long, {r.skipped_empty} '
+             f'empty, {r.skipped_rows} malformed rows'
+             if r.skipped_too_long + r.skipped_empty + r.skipped_rows else ''))
+
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                 max_to_keep=config.keep_checkpoints)
+  start = 0
+  if ckpt.latest_step() is not None:
+    restored, extra = ckpt.restore(state.to_checkpoint())
+    state = state.from_checkpoint(restored)
+    it.set_state(extra['data'])
+    start = int(state.step)
+    print(f'[sft] resumed from step {start} ({ckpt.directory})')
+
+  writer = metrics_lib.MetricsWriter(workdir, name='sft')
+  progress = metrics_lib.Progress(config.steps, label='sft', start=start)
+  evals = eval_sets(config)
+  sched = train.schedule(oc)
+  step_fn = functools.partial(train_step, graph=graph, opt=opt,
+                              accum=config.accum_steps,
+                              bias_rate=config.expert_bias_rate,
+                              n_moe=cfg.pattern.count('E'),
+                              num_experts=cfg.moe.num_experts if cfg.moe else 0)
+  t_last, tok_count = time.perf_counter(), 0.0
+  for step in range(start, config.steps):
+    batch = next(it)
+    eff = data.packing_efficiency(batch)
+    state, m = step_fn(state, put_batch(batch, ctx))
+    if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+      m = jax.device_get(m)
+      dt = time.perf_counter() - t_last
+      tok_count += float(m['tokens'])
+      m.update(tokens_per_s=tok_count / dt, lr=float(sched(step)),
+               packing_efficiency=eff)
+      writer.write(step + 1, m)
+      progress.update(step + 1, {k: m[k] for k in ('loss', 'tokens_per_s',
+                                                   'lr', 'grad_norm')})
+      t_last, tok_count = time.perf_counter(), 0.0
+    else:
+      tok_count += float(batch['mask'].sum())
+    if config.eval_every and (step + 1) % config.eval_every == 0 and (
+        step + 1 < config.steps):
+      _evaluate(graph, state, tok, evals, writer, step + 1)
+    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+      ckpt.save(step + 1, state.to_checkpoint(), {'data': it.get_state()})
+  ckpt.wait()
+  scores = _evaluate(graph, state, tok, evals, writer, config.steps)
+  with open(os.path.join(workdir, 'sft_scores.json'), 'w') as f:
+    json.dump({k: v.__dict__ for k, v in scores.items()}, f, indent=2)
+  ckpt.close()
+  writer.close()
+  return scores
+
+
+def _evaluate(graph, state, tok, evals, writer, step):
+  if not evals:
+    return {}
+  t0 = time.perf_counter()
+  model = nnx.merge(graph, state.params, state.rest)
+  scores = rollout.evaluate_model(model, tok, evals)
+  writer.write(step, {f'eval/{d}/pass_rate': s.pass_rate
+                      for d, s in scores.items()} |
+               {f'eval/{d}/mean_reward': s.mean_reward
+                for d, s in scores.items()})
+  print(f'[sft] eval at step {step} ({time.perf_counter() - t0:.0f}s, greedy):')
+  print(domains.format_scores(scores))
+  return scores
+

@@ -1,0 +1,105 @@
+"""Train state shared by the SFT and RL learners: model split, optimizer, checkpoint round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from cascade_jax import model as model_lib
+
+
+def model_config(preset: str, overrides: Mapping[str, Any] | None = None
+                 ) -> model_lib.ModelConfig:
+  """A preset with field overrides; `moe` overrides are a nested mapping."""
+  overrides = dict(overrides or {})
+  moe = dict(overrides.pop('moe', {}) or {})
+  cfg = model_lib.preset(preset)
+  fields = {f.name for f in dataclasses.fields(cfg)}
+  unknown = set(overrides) - fields
+  if unknown:
+    raise ValueError(f'model overrides: unknown fields {sorted(unknown)}; '
+                     f'known: {sorted(fields)}')
+  cfg = cfg.replace(**overrides)
+  if moe:
+    if cfg.moe is None:
+      raise ValueError('model overrides: moe given but the preset has no MoE')
+    mfields = {f.name for f in dataclasses.fields(cfg.moe)}
+    unknown = set(moe) - mfields
+    if unknown:
+      raise ValueError(f'model overrides: unknown moe fields {sorted(unknown)}'
+                       f'; known: {sorted(mfields)}')
+    cfg = cfg.replace_moe(**moe)
+  return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  lr: float = 2e-3
+  warmup_steps: int = 50
+  decay_steps: int = 1000
+  end_lr_frac: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.98
+  weight_decay: float = 0.1
+  clip_norm: float = 1.0
+  schedule: str = 'cosine'      # 'cosine' | 'constant' (after warm-up)
+  warmup_init_frac: float = 0.0
+
+
+def schedule(c: OptimConfig) -> optax.Schedule:
+  init = c.lr * c.warmup_init_frac
+  if c.schedule == 'constant':
+    return optax.join_schedules(
+        [optax.linear_schedule(init, c.lr, max(c.warmup_steps, 1)),
+         optax.constant_schedule(c.lr)], [max(c.warmup_steps, 1)])
+  if c.schedule != 'cosine':
+    raise ValueError(f"optim.schedule must be 'cosine' or 'constant', got "
+                     f'{c.schedule!r}')
+  return optax.warmup_cosine_decay_schedule(
+      init, c.lr, max(c.warmup_steps, 1), max(c.decay_steps, c.warmup_steps + 1),
+      c.lr * c.end_lr_frac)
+
+
+def make_optimizer(c: OptimConfig) -> optax.GradientTransformation:
+  """AdamW with warm-up + schedule and global-norm clipping; no decay on vectors."""
+  return optax.chain(
+      optax.clip_by_global_norm(c.clip_norm),
+      optax.adamw(schedule(c), b1=c.b1, b2=c.b2, weight_decay=c.weight_decay,
+                  mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  params: nnx.State        # nnx.Param variables
+  rest: nnx.State          # everything else (the MoE expert bias)
+  opt_state: Any
+  step: jax.Array
+
+  def to_checkpoint(self) -> dict:
+    """Plain containers only (dicts of arrays, a list of optimizer leaves),
+    so a checkpoint's layout does not depend on NNX or optax classes."""
+    return dict(params=self.params.to_pure_dict(),
+                rest=self.rest.to_pure_dict(),
+                opt_state=jax.tree.leaves(self.opt_state), step=self.step)
+
+  def from_checkpoint(self, ckpt: dict) -> 'TrainState':
+    params, rest = self.params, self.rest
+    nnx.replace_by_pure_dict(params, ckpt['params'])
+    nnx.replace_by_pure_dict(rest, ckpt['rest'])
+    opt_state = jax.tree.unflatten(jax.tree.structure(self.opt_state),
+                                   list(ckpt['opt_state']))
+    return TrainState(params, rest, opt_state, ckpt['step'])
+
+
+def init_state(model: nnx.Module, opt: optax.GradientTransformation
+               ) -> tuple[nnx.GraphDef, TrainState]:
+  graph, params, rest = nnx.split(model, nnx.Param, ...)
+  opt_state = jax.jit(opt.init)(params)
+  return graph, TrainState(params, rest, opt_state, jnp.zeros((), jnp.int32))

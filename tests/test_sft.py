@@ -1,0 +1,133 @@
+"""The SFT stage: a quick run end to end, exact accumulation, resume after a real kill."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade_jax import checkpoint
+from cascade_jax import model
+from cascade_jax import sft
+from cascade_jax import train
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+from configs import sft as sft_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _quick(**kw):
+  """The quick config with dotted overrides, e.g. _quick(**{'optim.lr': 1})."""
+  c = sft_config.get_config('quick')
+  for key, value in kw.items():
+    *parents, leaf = key.split('.')
+    target = c
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  return c
+
+
+def test_quick_sft_runs_end_to_end(tmp_path):
+  scores = sft.run(_quick(), str(tmp_path))
+  assert set(scores) == {'instruction_following', 'multi_domain', 'math',
+                         'code', 'long_context', 'swe', 'preference'}
+  rows = [json.loads(l) for l in open(tmp_path / 'sft_metrics.jsonl')]
+  losses = [r['loss'] for r in rows if 'loss' in r]
+  assert losses[-1] < losses[0]           # it learns
+  assert all(0 < r['packing_efficiency'] <= 1 for r in rows if 'loss' in r)
+  assert os.path.isdir(tmp_path / 'tb' / 'sft')
+  assert os.path.exists(tmp_path / 'tokenizer.model')
+  assert json.load(open(tmp_path / 'sft_scores.json')).keys() == scores.keys()
+  assert checkpoint.Checkpointer(str(tmp_path / 'checkpoints')).latest_step() == 30
+
+
+def test_gradient_accumulation_is_exact():
+  cfg = model.tiny()
+  opt = train.make_optimizer(train.OptimConfig(lr=1e-2, warmup_steps=1))
+  rng = np.random.RandomState(0)
+  b, t = 4, 12
+  batch = dict(inputs=jnp.asarray(rng.randint(0, 32, (b, t))),
+               targets=jnp.asarray(rng.randint(0, 32, (b, t))),
+               mask=jnp.asarray(rng.randint(0, 2, (b, t))),   # uneven per row
+               segment_ids=jnp.ones((b, t), jnp.int32),
+               positions=jnp.broadcast_to(jnp.arange(t), (b, t)))
+  out = []
+  for accum in (1, 2, 4):
+    graph, state = train.init_state(
+        model.Transformer(cfg, rngs=nnx.Rngs(0)), opt)
+    state, m = sft.train_step(state, batch, graph=graph, opt=opt, accum=accum,
+                              bias_rate=0.0, n_moe=1, num_experts=4)
+    out.append((state.params, float(m['loss'])))
+  for params, loss in out[1:]:
+    assert loss == pytest.approx(out[0][1], rel=1e-6)
+    for a, b_ in zip(jax.tree.leaves(params), jax.tree.leaves(out[0][0])):
+      np.testing.assert_allclose(a, b_, rtol=1e-5, atol=1e-6)
+
+
+def _launch(workdir, *extra):
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  return subprocess.Popen(
+      [sys.executable, '-m', 'experiments.sft', '--config=configs/sft.py:quick',
+       f'--workdir={workdir}', '--config.eval_n=0',
+       '--config.checkpoint_every=3', '--config.steps=24', *extra],
+      cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True)
+
+
+def _final_params(workdir):
+  ck = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'))
+  step = ck.latest_step()
+  restored = ck._mngr.restore(step)  # pylint: disable=protected-access
+  return step, restored['state']['params']
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_parameters(tmp_path):
+  ref_dir, kill_dir = str(tmp_path / 'ref'), str(tmp_path / 'killed')
+  ref = _launch(ref_dir)
+  victim = _launch(kill_dir)
+  ckdir = os.path.join(kill_dir, 'checkpoints')
+  deadline = time.time() + 240
+  while time.time() < deadline:  # kill it once a mid-run checkpoint exists
+    steps = [int(d) for d in os.listdir(ckdir) if d.isdigit()] if (
+        os.path.isdir(ckdir)) else []
+    if steps and max(steps) >= 9:
+      break
+    time.sleep(0.2)
+  victim.send_signal(signal.SIGKILL)
+  victim.wait()
+  out, _ = ref.communicate(timeout=300)
+  assert ref.returncode == 0, out
+  resumed = _launch(kill_dir)
+  out2, _ = resumed.communicate(timeout=300)
+  assert resumed.returncode == 0, out2
+  assert 'resumed from step' in out2
+  (s1, p1), (s2, p2) = _final_params(ref_dir), _final_params(kill_dir)
+  assert s1 == s2 == 24
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+    np.testing.assert_array_equal(a, b)   # bit-identical on CPU
+
+
+def test_checkpoint_that_does_not_fit_is_refused(tmp_path):
+  sft.run(_quick(**{'steps': 3, 'eval_n': 0, 'checkpoint_every': 3}),
+          str(tmp_path))
+  bigger = _quick(**{'steps': 6, 'eval_n': 0})
+  bigger.model.overrides.embed_dim = 32
+  with pytest.raises(ValueError, match='does not fit the model'):
+    sft.run(bigger, str(tmp_path))
+
+
+def test_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
+  sft.run(_quick(**{'steps': 2, 'eval_n': 0}), str(tmp_path))
+  other = _quick(**{'steps': 2, 'eval_n': 0})
+  other.model.overrides.vocab_size = 600
+  with pytest.raises(ValueError, match='tokenizer has 512 tokens'):
+    sft.run(other, str(tmp_path / '..' / tmp_path.name))
