@@ -54,6 +54,17 @@ def test_levels_are_honoured(name):
   assert {r['level'] for r in recs} == {2}
 
 
+def test_split_by_prompt_shares_problems_but_not_prompts():
+  kw = dict(n=300, seed=0, levels=(1,), split_by='prompt')
+  tr = domains.generate('math', split='train', **kw)
+  ev = domains.generate('math', split='eval', **kw)
+  assert not {domains.prompt_of(r) for r in tr} & {domains.prompt_of(r)
+                                                   for r in ev}
+  assert {r['answer'] for r in tr} & {r['answer'] for r in ev}
+  with pytest.raises(ValueError, match='split_by'):
+    domains.generate('math', split='eval', n=1, split_by='answer')
+
+
 def test_exhausted_problem_space_is_a_clear_error():
   with pytest.raises(ValueError, match='found only .* distinct'):
     domains.generate('math', split='eval', n=500, seed=0, levels=(1,))

@@ -77,13 +77,19 @@ def split_of(key: str, eval_fraction: float) -> str:
 def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
            domain: str, split: str, n: int, seed: int,
            levels: Sequence[int], eval_fraction: float = 0.2,
+           split_by: str = 'problem',
            max_tries_per_item: int = 200) -> list[Record]:
   """Draws `n` distinct records of one split.
 
   `make(rng, level)` returns (key, record): the key names the underlying
-  problem (e.g. '7+5' for every phrasing of 7 + 5), and the split is a hash
-  of the key, so no problem appears in both splits, whatever the seeds.
+  problem (e.g. '7+5' for every phrasing of 7 + 5). With split_by='problem'
+  (the default) the split is a hash of the key, so no problem appears in
+  both splits, whatever the seeds; with split_by='prompt' it is a hash of
+  the prompt text, so the splits share no prompt but a problem may recur in
+  other words (a gentler held-out test for very small models).
   """
+  if split_by not in ('problem', 'prompt'):
+    raise ValueError(f"split_by must be 'problem' or 'prompt', got {split_by!r}")
   if split not in SPLITS:
     raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
   if not levels:
@@ -99,7 +105,8 @@ def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
           f'levels {tuple(levels)} (asked for {n}); widen the levels')
     level = rng.choice(list(levels))
     key, rec = make(rng, level)
-    if split_of(f'{domain}/{key}', eval_fraction) != split:
+    split_key = key if split_by == 'problem' else rec['messages'][-1]['content']
+    if split_of(f'{domain}/{split_key}', eval_fraction) != split:
       continue
     ident = (key, rec['messages'][-1]['content'])
     if ident in seen:

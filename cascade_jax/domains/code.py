@@ -121,9 +121,11 @@ def _make(rng: random.Random, level: int):
                    tests=tests, response=ref)
 
 
-def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2):
+def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
+             split_by='problem'):
   return _base.sample(_make, domain='code', split=split, n=n, seed=seed,
-                      levels=levels, eval_fraction=eval_fraction)
+                      levels=levels, eval_fraction=eval_fraction,
+                      split_by=split_by)
 
 
 # ----------------------------------------------------------- verifying

@@ -61,10 +61,12 @@ def _make(rng: random.Random, level: int, num_records=None,
 
 
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
+             split_by='problem',
              num_records=None, context_chars=None):
   make = lambda rng, level: _make(rng, level, num_records, context_chars)
   return _base.sample(make, domain='long_context', split=split, n=n,
-                      seed=seed, levels=levels, eval_fraction=eval_fraction)
+                      seed=seed, levels=levels, eval_fraction=eval_fraction,
+                      split_by=split_by)
 
 
 def _norm(s: str) -> str:

@@ -25,24 +25,33 @@ def _boxed(x) -> str:
   return f'\\boxed{{{x}}}'
 
 
+PHRASINGS = {
+    '+': ('What is {a} + {b}?', 'Compute {a} + {b}.', '{a} + {b} = ?',
+          'Add {a} and {b}.'),
+    '-': ('What is {a} - {b}?', 'Compute {a} - {b}.', '{a} - {b} = ?',
+          'Subtract {b} from {a}.'),
+    '*': ('What is {a} * {b}?', 'Compute {a} * {b}.', '{a} * {b} = ?',
+          'Multiply {a} by {b}.'),
+}
+
+
+def _arith(rng, a, b, op):
+  value = {'+': a + b, '-': a - b, '*': a * b}[op]
+  q = rng.choice(PHRASINGS[op]).format(a=a, b=b)
+  return f'{a}{op}{b}', dict(messages=_base.user(q), answer=str(value),
+                             response=_boxed(value))
+
+
 def _make(rng: random.Random, level: int):
   if level == 1:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
-    if rng.random() < 0.5 or a < b:
-      return f'{a}+{b}', dict(messages=_base.user(f'What is {a} + {b}?'),
-                              answer=str(a + b), response=_boxed(a + b))
-    return f'{a}-{b}', dict(messages=_base.user(f'What is {a} - {b}?'),
-                            answer=str(a - b), response=_boxed(a - b))
+    return _arith(rng, a, b, '+' if rng.random() < 0.5 or a < b else '-')
   if level == 2:
     kind = rng.choice(('add', 'mul', 'word'))
     if kind == 'add':
-      a, b = rng.randint(10, 99), rng.randint(10, 99)
-      return f'{a}+{b}', dict(messages=_base.user(f'What is {a} + {b}?'),
-                              answer=str(a + b), response=_boxed(a + b))
+      return _arith(rng, rng.randint(10, 99), rng.randint(10, 99), '+')
     if kind == 'mul':
-      a, b = rng.randint(2, 9), rng.randint(2, 9)
-      return f'{a}*{b}', dict(messages=_base.user(f'What is {a} * {b}?'),
-                              answer=str(a * b), response=_boxed(a * b))
+      return _arith(rng, rng.randint(2, 9), rng.randint(2, 9), '*')
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     a, b = rng.randint(2, 20), rng.randint(2, 20)
     q = (f'{name} has {a} {thing} and gets {b} more. '
@@ -66,9 +75,11 @@ def _make(rng: random.Random, level: int):
       answer=ans, response=_boxed(ans))
 
 
-def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2):
+def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
+             split_by='problem'):
   return _base.sample(_make, domain='math', split=split, n=n, seed=seed,
-                      levels=levels, eval_fraction=eval_fraction)
+                      levels=levels, eval_fraction=eval_fraction,
+                      split_by=split_by)
 
 
 def answers_match(gold: str, predicted: str) -> bool:

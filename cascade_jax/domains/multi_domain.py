@@ -113,9 +113,11 @@ def _make(rng: random.Random, level: int):
   return f'{kind}/{key}', rec
 
 
-def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2):
+def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
+             split_by='problem'):
   return _base.sample(_make, domain='multi_domain', split=split, n=n,
-                      seed=seed, levels=levels, eval_fraction=eval_fraction)
+                      seed=seed, levels=levels, eval_fraction=eval_fraction,
+                      split_by=split_by)
 
 
 # ----------------------------------------------------------- verifying

@@ -64,19 +64,29 @@ def _bad(rng, topic, level):
   return f'{topic.capitalize()} are things.'  # vague: says nothing
 
 
-def _make(rng: random.Random, level: int):
+def _make(rng: random.Random, level: int, response_quality: float = 1.0):
   topic = rng.choice(sorted(TOPICS))
   prompt = rng.choice(ASKS).format(t=topic)
   chosen = _good(rng, topic)
   rejected = _bad(rng, topic, level)
+  # SFT data is rarely all good: with response_quality < 1 the reference
+  # response is sometimes the rejected one, which leaves RLHF work to do.
+  response = chosen if rng.random() < response_quality else rejected
   return f'{prompt}|{chosen}|{rejected}', dict(
       messages=_base.user(prompt), topic=topic, chosen=chosen,
-      rejected=rejected, response=chosen)
+      rejected=rejected, response=response)
 
 
-def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2):
-  return _base.sample(_make, domain='preference', split=split, n=n, seed=seed,
-                      levels=levels, eval_fraction=eval_fraction)
+def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
+             split_by='problem',
+             response_quality=1.0):
+  if not 0.0 <= response_quality <= 1.0:
+    raise ValueError(f'preference: response_quality must be in [0, 1], got '
+                     f'{response_quality}')
+  make = lambda rng, level: _make(rng, level, response_quality)
+  return _base.sample(make, domain='preference', split=split, n=n, seed=seed,
+                      levels=levels, eval_fraction=eval_fraction,
+                      split_by=split_by)
 
 
 def judge(topic: str, text: str) -> dict[str, bool]:

@@ -196,18 +196,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     batch = next(it)
     eff = data.packing_efficiency(batch)
     state, m = step_fn(state, put_batch(batch, ctx))
+    tok_count += float((batch['segment_ids'] > 0).sum())
     if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
       m = jax.device_get(m)
       dt = time.perf_counter() - t_last
-      tok_count += float(m['tokens'])
+      # tokens_per_s: every non-padding token processed (loss tokens are
+      # the assistant turns only, `tokens` per step).
       m.update(tokens_per_s=tok_count / dt, lr=float(sched(step)),
                packing_efficiency=eff)
       writer.write(step + 1, m)
       progress.update(step + 1, {k: m[k] for k in ('loss', 'tokens_per_s',
                                                    'lr', 'grad_norm')})
       t_last, tok_count = time.perf_counter(), 0.0
-    else:
-      tok_count += float(batch['mask'].sum())
     if config.eval_every and (step + 1) % config.eval_every == 0 and (
         step + 1 < config.steps):
       _evaluate(graph, state, tok, evals, writer, step + 1)
