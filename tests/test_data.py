@@ -87,13 +87,15 @@ def test_packing_layout(tok):
                                    seed=0)
   assert {r.name: r.examples for r in reports} == {
       'math': 200, 'code': 100, 'instruction_following': 200}
-  batch = next(iter(ds))
+  it = iter(ds)
+  batch = next(it)
   for row in range(4):
     seg, pos = batch['segment_ids'][row], batch['positions'][row]
     for s in set(seg[seg > 0].tolist()):
       np.testing.assert_array_equal(pos[seg == s], np.arange((seg == s).sum()))
     assert (batch['mask'][row][seg == 0] == 0).all()
-  assert data.packing_efficiency(batch) > 0.8
+  effs = [data.packing_efficiency(next(it)) for _ in range(8)]
+  assert np.mean(effs) > 0.85, effs
 
 
 def test_packed_loss_equals_unpacked_per_example(tok):
