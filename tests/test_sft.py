@@ -49,6 +49,19 @@ def test_quick_sft_runs_end_to_end(tmp_path):
   assert checkpoint.Checkpointer(str(tmp_path / 'checkpoints')).latest_step() == 30
 
 
+def test_sft_on_an_expert_parallel_mesh(tmp_path):
+  # 8 fake devices: data 2 x fsdp 2 x expert 2; 10 eval prompts per domain
+  # (not a multiple of 8: the evaluator pads).
+  c = _quick(**{'steps': 4, 'eval_n': 10, 'checkpoint_every': 4})
+  c.mesh = type(c.mesh)(dict(data=2, fsdp=2, expert=2))
+  c.data.sources = type(c.data.sources)(
+      {k: v for k, v in c.data.sources.items() if k in ('math', 'code')})
+  scores = sft.run(c, str(tmp_path))
+  assert set(scores) == {'math', 'code'} and scores['math'].n == 10
+  rows = [json.loads(l) for l in open(tmp_path / 'sft_metrics.jsonl')]
+  assert np.isfinite([r['loss'] for r in rows if 'loss' in r]).all()
+
+
 def test_gradient_accumulation_is_exact():
   cfg = model.tiny()
   opt = train.make_optimizer(train.OptimConfig(lr=1e-2, warmup_steps=1))

@@ -15,14 +15,20 @@ from cascade_jax.rollout._sampler import SampleConfig
 def responses_for(model, tok: data.Tokenizer, records: Sequence[dict], *,
                   cfg: SampleConfig, batch_size: int = 128,
                   key: jax.Array | None = None) -> list[str]:
-  """Decoded responses, one per record (batched; the last batch is padded
-  with repeats so that every batch has one shape and compiles once)."""
+  """Decoded responses, one per record.
+
+  Batches are padded with repeats: to `batch_size` when there are several
+  (one shape, one compile), and always to a multiple of the device count
+  (a sharded model splits the batch over its devices).
+  """
   prompts = [data.encode_prompt(tok, r['messages']) for r in records]
   key = jax.random.key(0) if key is None else key
+  n_dev = jax.device_count()
   out = []
   for i in range(0, len(prompts), batch_size):
     chunk = prompts[i:i + batch_size]
-    pad = batch_size - len(chunk) if len(prompts) > batch_size else 0
+    size = batch_size if len(prompts) > batch_size else len(chunk)
+    pad = -(-size // n_dev) * n_dev - len(chunk)
     key, sub = jax.random.split(key)
     ro = generate(model, chunk + [chunk[-1]] * pad, cfg=cfg,
                   stop_id=tok.im_end, pad_id=tok.pad_id, key=sub)

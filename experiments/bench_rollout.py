@@ -1,0 +1,76 @@
+"""Generated tokens per second: cascade_jax's sampler vs transformers' generate (PyTorch CPU).
+
+  python -m experiments.bench_rollout --config=configs/bench_rollout.py
+"""
+
+import tempfile
+import time
+
+import jax
+import numpy as np
+from absl import app
+from flax import nnx
+from ml_collections import config_flags
+
+from cascade_jax import checkpoint
+from cascade_jax import model as model_lib
+from cascade_jax import rollout
+from cascade_jax import utils
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', 'configs/bench_rollout.py', 'Benchmark config.',
+    lock_config=True)
+
+
+def main(argv):
+  del argv
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  c = _CONFIG.value
+  if c.torch_threads:
+    torch.set_num_threads(c.torch_threads)
+  cfg = model_lib.ModelConfig(
+      vocab_size=c.vocab_size, embed_dim=c.embed_dim, pattern='*E' * c.layers,
+      num_heads=4, num_kv_heads=2, head_dim=c.embed_dim // 4, qk_norm=True,
+      rope_theta=1e6, moe=model_lib.MoEConfig(
+          num_experts=c.num_experts, top_k=c.top_k, expert_dim=c.expert_dim,
+          dispatch=c.dispatch))
+  ours = model_lib.Transformer(cfg, rngs=nnx.Rngs(0))
+  path = tempfile.mkdtemp()
+  checkpoint.save_hf_qwen3_moe(cfg, ours, path)
+  hf = transformers.Qwen3MoeForCausalLM.from_pretrained(path).eval()
+  print(f'model: {model_lib.count_params(cfg)}; prompt {c.prompt_len}, '
+        f'{c.new_tokens} new tokens, greedy, fp32, jax {jax.__version__}, '
+        f'torch {torch.__version__} ({torch.get_num_threads()} threads)')
+  rows = []
+  rng = np.random.RandomState(0)
+  for b in c.batch_sizes:
+    prompts = rng.randint(1, c.vocab_size, (b, c.prompt_len))
+    # No stop token (-1 never occurs): both generate exactly new_tokens.
+    sc = rollout.SampleConfig(max_new_tokens=c.new_tokens, temperature=0.0,
+                              prompt_bucket=c.prompt_len)
+    run = lambda: jax.block_until_ready(rollout.generate(
+        ours, prompts.tolist(), cfg=sc, stop_id=-1).tokens)
+    ours_tok = np.asarray(run())
+    t0 = time.perf_counter()
+    for _ in range(c.repeats):
+      run()
+    ours_s = (time.perf_counter() - t0) / c.repeats
+    with torch.no_grad():
+      kw = dict(max_new_tokens=c.new_tokens, min_new_tokens=c.new_tokens,
+                do_sample=False, pad_token_id=0)
+      hf_tok = hf.generate(torch.tensor(prompts), **kw)[:, c.prompt_len:]
+      t0 = time.perf_counter()
+      for _ in range(c.repeats):
+        hf.generate(torch.tensor(prompts), **kw)
+      hf_s = (time.perf_counter() - t0) / c.repeats
+    agree = float(np.mean(ours_tok == hf_tok.numpy()))
+    n = b * c.new_tokens
+    rows.append([b, n / ours_s, n / hf_s, hf_s / ours_s, agree])
+  print(utils.format_table(
+      ['batch', 'ours tok/s', 'transformers tok/s', 'speed-up',
+       'same tokens'], rows))
+
+
+if __name__ == '__main__':
+  app.run(main)
