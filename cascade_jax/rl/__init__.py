@@ -1,0 +1,9 @@
+"""The RL learner: rollouts, rewards, dynamic filtering, GRPO / MOPD updates."""
+
+from cascade_jax.rl._batch import training_batch
+from cascade_jax.rl._learner import collect
+from cascade_jax.rl._learner import frozen_logprobs
+from cascade_jax.rl._learner import PromptStream
+from cascade_jax.rl._learner import RLConfig
+from cascade_jax.rl._learner import update
+from cascade_jax.rl._learner import verifier_rewards

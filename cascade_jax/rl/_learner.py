@@ -1,0 +1,215 @@
+"""The RL learner step: sample G rollouts per prompt, score, filter, advantages, one update.
+
+GRPO as the recipe runs it: strictly on-policy (one optimizer update per
+batch, so the importance ratio is exactly 1 and clipping never acts unless
+`updates_per_batch` > 1), token-level normalisation, no KL unless
+`kl_coef` > 0, dynamic filtering of groups whose rewards are all equal
+(refilled from further prompts), and an overlong penalty or filter. MOPD
+swaps the outcome advantage for the per-token teacher advantage.
+
+The update is one jitted function of (state, batch); everything around it
+(sampling, scoring, filtering) is plain Python below, top to bottom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from cascade_jax import data
+from cascade_jax import domains
+from cascade_jax import losses
+from cascade_jax import rollout
+from cascade_jax import train
+from cascade_jax.rl._batch import training_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  algorithm: str = 'grpo'           # 'grpo' | 'mopd'
+  prompts_per_step: int = 16
+  rollouts_per_prompt: int = 8
+  temperature: float = 1.0
+  top_p: float = 1.0
+  max_new_tokens: int = 48
+  kl_coef: float = 0.0
+  clip_eps_low: float = 0.2
+  clip_eps_high: float = 0.2
+  updates_per_batch: int = 1
+  advantage_scale: str = 'std'      # 'std' | 'none'
+  dynamic_filtering: bool = True
+  max_refill_rounds: int = 2
+  overlong: str = 'penalty'         # 'penalty' | 'filter' | 'none'
+  routing_replay: bool = True
+  mopd_reward_weight: float = 0.0
+
+  def __post_init__(self):
+    if self.algorithm not in ('grpo', 'mopd'):
+      raise ValueError(f"rl.algorithm must be 'grpo' or 'mopd', got "
+                       f'{self.algorithm!r}')
+    if self.overlong not in ('penalty', 'filter', 'none'):
+      raise ValueError(f'rl.overlong: {self.overlong!r} not in '
+                       "('penalty', 'filter', 'none')")
+    if self.rollouts_per_prompt < 2 and self.algorithm == 'grpo':
+      raise ValueError('rl.rollouts_per_prompt must be >= 2 for GRPO '
+                       '(advantages compare rollouts of one prompt)')
+
+
+def _forward_logp(params, rest, graph, batch, replay):
+  model = nnx.merge(graph, params, rest)
+  logits, info = model(batch['inputs'], positions_bt=batch['positions'],
+                       segment_ids_bt=batch['segment_ids'],
+                       expert_idx=replay)
+  return train.token_logprobs(logits, batch['targets']), logits, info
+
+
+def frozen_logprobs(graph, params, rest, batch, replay=None):
+  """Log-probs of a frozen model (reference or teacher) on a batch."""
+  logp, _, _ = _forward_logp(params, rest, graph, batch, replay)
+  return logp
+
+
+@functools.partial(jax.jit, static_argnames=('graph', 'opt', 'cfg'),
+                   donate_argnums=0)
+def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig):
+  """One optimizer step on a rollout batch; returns (state, metrics)."""
+  replay = batch.get('expert_idx')
+
+  def loss_fn(params):
+    logp, logits, info = _forward_logp(params, state.rest, graph, batch,
+                                       replay)
+    if cfg.algorithm == 'grpo':
+      loss, m = losses.grpo_loss(
+          logp, batch['advantages'], batch['mask'],
+          old_logp=batch.get('old_logp'), ref_logp=batch.get('ref_logp'),
+          clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+          kl_coef=cfg.kl_coef)
+    else:
+      loss, m = losses.mopd_loss(
+          logp, batch['teacher_logp'], batch['sampler_logp'], batch['mask'],
+          reward_advantages=batch.get('advantages'),
+          reward_weight=cfg.mopd_reward_weight)
+    mask = batch['mask'].astype(jnp.float32)
+    ent = jnp.sum(train.token_entropy(logits) * mask) / jnp.maximum(
+        mask.sum(), 1.0)
+    mismatch = jnp.sum(jnp.abs(logp - batch['sampler_logp']) * mask) / (
+        jnp.maximum(mask.sum(), 1.0))
+    return loss + info['aux_loss'], dict(m, entropy=ent,
+                                         sampler_mismatch=mismatch)
+
+  (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = opt.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  m = dict(m, loss=loss, grad_norm=optax.global_norm(grads))
+  return train.TrainState(params, state.rest, opt_state, state.step + 1), m
+
+
+@dataclasses.dataclass
+class PromptStream:
+  """Prompts in a seeded order, resumable from `position`."""
+  records: Sequence[dict]
+  seed: int = 0
+  position: int = 0
+
+  def take(self, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+      epoch, i = divmod(self.position, len(self.records))
+      order = np.random.RandomState(self.seed + epoch).permutation(
+          len(self.records))
+      out.append(self.records[order[i]])
+      self.position += 1
+    return out
+
+
+RewardFn = Callable[[Sequence[dict], Sequence[str]], np.ndarray]
+
+
+def verifier_rewards(records, responses, sandbox=None) -> np.ndarray:
+  """Rewards from each record's domain verifier."""
+  return np.asarray([s.reward for s in domains.score(records, responses,
+                                                     sandbox=sandbox)],
+                    np.float32)
+
+
+def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
+            key: jax.Array, reward_fn: RewardFn = verifier_rewards):
+  """Rollouts for one step, after dynamic filtering and refills.
+
+  Returns (batch dict of numpy arrays, rewards [B], records [B], stats).
+  """
+  g = cfg.rollouts_per_prompt
+  sc = rollout.SampleConfig(max_new_tokens=cfg.max_new_tokens,
+                            temperature=cfg.temperature, top_p=cfg.top_p)
+  kept, stats = [], dict(groups=0, filtered_groups=0, truncated=0.0,
+                         sample_s=0.0, score_s=0.0, rewards=[])
+  for round_ in range(1 + (cfg.max_refill_rounds if cfg.dynamic_filtering
+                           else 0)):
+    need = cfg.prompts_per_step - len(kept)
+    if need <= 0:
+      break
+    recs = [r for r in stream.take(need) for _ in range(g)]
+    prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
+    key, sub = jax.random.split(key)
+    t0 = time.perf_counter()
+    ptoks, plens = rollout.pad_prompts(prompts, sc.prompt_bucket, tok.pad_id)
+    ro = rollout.generate(policy, prompts, cfg=sc, stop_id=tok.im_end,
+                          pad_id=tok.pad_id, key=sub,
+                          record_experts=cfg.routing_replay)
+    ro = jax.device_get(ro)
+    stats['sample_s'] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    texts = [tok.decode([t for t, m in zip(row, mk) if m and t != tok.im_end])
+             for row, mk in zip(ro.tokens, ro.mask)]
+    rewards = np.asarray(reward_fn(recs, texts), np.float32)
+    stats['score_s'] += time.perf_counter() - t0
+    stats['rewards'].extend(rewards.tolist())
+    trunc = np.asarray(ro.truncated)
+    stats['truncated'] += float(trunc.sum())
+    if cfg.overlong == 'penalty':
+      rewards = np.where(trunc, 0.0, rewards)
+    batch = training_batch(ptoks, plens, ro)
+    if cfg.overlong == 'filter':
+      batch['mask'] = batch['mask'] * (~trunc)[:, None]
+    if ro.expert_idx is not None:
+      batch['expert_idx'] = np.asarray(ro.expert_idx)[:, :, :-1]
+    for j in range(len(recs) // g):
+      sl = slice(j * g, (j + 1) * g)
+      stats['groups'] += 1
+      if (cfg.dynamic_filtering and cfg.algorithm == 'grpo'
+          and np.all(rewards[sl] == rewards[sl][0])):
+        stats['filtered_groups'] += 1
+        continue
+      kept.append(({k: v[:, sl] if k == 'expert_idx' else v[sl]
+                    for k, v in batch.items()}, rewards[sl], recs[sl]))
+  if not kept:
+    return None, None, None, stats
+  kept = kept[:cfg.prompts_per_step]
+  # Refill rounds may have bucketed their prompts to other lengths.
+  width = max(b['inputs'].shape[1] for b, _, _ in kept)
+  kept = [(_left_pad(b, width), r, rc) for b, r, rc in kept]
+  out = {k: np.concatenate([b[k] for b, _, _ in kept],
+                           axis=1 if k == 'expert_idx' else 0)
+         for k in kept[0][0]}
+  return out, np.concatenate([k[1] for k in kept]), [r for k in kept
+                                                      for r in k[2]], stats
+
+
+def _left_pad(batch: dict, width: int) -> dict:
+  """Pads every [B, T] array (and expert_idx [L, B, T, k]) on the left to width."""
+  out = {}
+  for k, v in batch.items():
+    axis = 2 if k == 'expert_idx' else 1
+    extra = width - v.shape[axis]
+    pad = [(0, 0)] * v.ndim
+    pad[axis] = (extra, 0)
+    out[k] = np.pad(v, pad) if extra else v
+  return out
