@@ -1,5 +1,7 @@
 """The RL learner: rollouts line up with the learner, filtering, and GRPO learns a toy reward."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,3 +93,58 @@ def test_overlong_responses_are_penalised(setup):
   assert stats['truncated'] > 0
   assert rewards.min() == 0.0      # cut at the limit: reward 0
   assert batch['inputs'].shape[0] == 8
+
+
+# ------------------------------------------------------- the stage runner
+
+import os  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import sys  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import rl as rl_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import sft as sft_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+from cascade_jax import sft  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@pytest.fixture(scope='module')
+def sft_dir(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp('sft'))
+  c = sft_config.get_config('quick')
+  c.steps, c.eval_n = 6, 0
+  # Dropless experts: sampler, learner and teacher then compute the same
+  # log-probs (capacity drops depend on how many tokens a call sees).
+  c.model.overrides.moe = dict(c.model.overrides.moe.to_dict(),
+                               dispatch='dense')
+  sft.run(c, d)
+  return d
+
+
+def test_grpo_stage_runs_checkpoints_and_resumes(sft_dir, tmp_path):
+  c = rl_config.get_config('quick')
+  c.init_from = sft_dir
+  scores = rl.run(c, str(tmp_path))
+  assert set(scores) == {'math'}
+  rows = [json.loads(l) for l in open(tmp_path / 'rl_metrics.jsonl')]
+  steps = [r for r in rows if 'reward_mean' in r]
+  assert [r['step'] for r in steps] == [1, 2, 3, 4]
+  c.steps = 6                       # continue the same run: resumes at 4
+  rl.run(c, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / 'rl_metrics.jsonl')]
+  assert [r['step'] for r in rows if 'reward_mean' in r][-2:] == [5, 6]
+
+
+def test_mopd_stage_uses_teachers_and_names_a_missing_one(sft_dir, tmp_path):
+  c = rl_config.get_config('quick')
+  c.init_from = sft_dir
+  c.rl.algorithm, c.rl.dynamic_filtering = 'mopd', False
+  c.teachers.math = sft_dir
+  c.steps = 2
+  rl.run(c, str(tmp_path / 'ok'))
+  rows = [json.loads(l) for l in open(tmp_path / 'ok' / 'rl_metrics.jsonl')]
+  # Teacher = the student's own start: reverse KL ~ 0 on the first step.
+  first = [r for r in rows if 'reverse_kl' in r][0]
+  assert abs(first['reverse_kl']) < 1e-4
+  c.teachers.math = str(tmp_path / 'nowhere')
+  with pytest.raises(FileNotFoundError, match="teacher for domain 'math'"):
+    rl.run(c, str(tmp_path / 'bad'))

@@ -7,3 +7,5 @@ from cascade_jax.rl._learner import PromptStream
 from cascade_jax.rl._learner import RLConfig
 from cascade_jax.rl._learner import update
 from cascade_jax.rl._learner import verifier_rewards
+from cascade_jax.rl._stage import load_teachers
+from cascade_jax.rl._stage import run

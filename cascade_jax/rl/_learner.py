@@ -153,10 +153,10 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
                          sample_s=0.0, score_s=0.0, rewards=[])
   for round_ in range(1 + (cfg.max_refill_rounds if cfg.dynamic_filtering
                            else 0)):
-    need = cfg.prompts_per_step - len(kept)
-    if need <= 0:
+    if len(kept) >= cfg.prompts_per_step:
       break
-    recs = [r for r in stream.take(need) for _ in range(g)]
+    # Always a full batch of prompts: one sampler shape, one compile.
+    recs = [r for r in stream.take(cfg.prompts_per_step) for _ in range(g)]
     prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
     key, sub = jax.random.split(key)
     t0 = time.perf_counter()
@@ -193,7 +193,14 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   if not kept:
     return None, None, None, stats
   kept = kept[:cfg.prompts_per_step]
-  # Refill rounds may have bucketed their prompts to other lengths.
+  stats['kept_groups'] = len(kept)
+  # A constant batch shape for the update: missing groups are copies with
+  # an empty mask (they add nothing to the loss), and refill rounds that
+  # bucketed their prompts to other lengths are left-padded to the longest.
+  while len(kept) < cfg.prompts_per_step:
+    b, r, rc = kept[len(kept) % stats['kept_groups']]
+    kept.append((dict(b, mask=np.zeros_like(b['mask'])), np.zeros_like(r),
+                 rc))
   width = max(b['inputs'].shape[1] for b, _, _ in kept)
   kept = [(_left_pad(b, width), r, rc) for b, r, rc in kept]
   out = {k: np.concatenate([b[k] for b, _, _ in kept],

@@ -9,3 +9,4 @@ from cascade_jax.train._state import model_config
 from cascade_jax.train._state import OptimConfig
 from cascade_jax.train._state import schedule
 from cascade_jax.train._state import TrainState
+from cascade_jax.train._restore import restore_run

@@ -1,0 +1,172 @@
+"""One RL stage (GRPO or MOPD) from a previous run's checkpoint, with evaluation, checkpoints and resume.
+
+The stage: start from `init_from` (a run directory: SFT or an earlier RL
+stage); each step samples G rollouts for each of `prompts_per_step`
+prompts of the stage's domain, scores them with the domain's verifier,
+filters and advantages them, and takes one optimizer step. MOPD instead
+asks each example's domain teacher (a frozen earlier run, by domain) for
+per-token log-probs. The stage checkpoints its state and prompt position
+and, run again after a kill, resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from cascade_jax import checkpoint
+from cascade_jax import domains
+from cascade_jax import losses
+from cascade_jax import metrics as metrics_lib
+from cascade_jax import rollout
+from cascade_jax import train
+from cascade_jax.rl._learner import collect
+from cascade_jax.rl._learner import frozen_logprobs
+from cascade_jax.rl._learner import PromptStream
+from cascade_jax.rl._learner import RLConfig
+from cascade_jax.rl._learner import update
+
+
+def load_teachers(teachers: dict[str, str]) -> dict[str, tuple]:
+  """Frozen teachers by domain, from run directories; a missing one is an error."""
+  out = {}
+  for dom, run_dir in teachers.items():
+    if not run_dir or not os.path.isdir(os.path.join(run_dir, 'checkpoints')):
+      raise FileNotFoundError(
+          f'MOPD teacher for domain {dom!r}: no checkpoint at {run_dir!r}')
+    _, m, _ = train.restore_run(run_dir)
+    graph, params, rest = nnx.split(m, nnx.Param, ...)
+    out[dom] = (graph, params, rest)
+  return out
+
+
+def _teacher_logp(teachers, batch, recs):
+  """Each example scored by its own domain's teacher (no mixing)."""
+  doms = np.asarray([r['domain'] for r in recs])
+  missing = sorted(set(doms) - set(teachers))
+  if missing:
+    raise ValueError(f'MOPD: no teacher for domains {missing}; teachers: '
+                     f'{sorted(teachers)}')
+  out = np.zeros(batch['targets'].shape, np.float32)
+  inputs = {k: jnp.asarray(batch[k]) for k in ('inputs', 'targets',
+                                               'positions', 'segment_ids')}
+  for dom, (graph, params, rest) in teachers.items():
+    rows = doms == dom
+    if rows.any():
+      lp = _frozen(graph, params, rest, inputs)
+      out[rows] = np.asarray(lp)[rows]
+  return out
+
+
+_frozen = jax.jit(frozen_logprobs, static_argnames=('graph',))
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) one RL stage; returns the final eval scores."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  cfg, policy, tok = train.restore_run(config.init_from)
+  shutil.copy(os.path.join(config.init_from, 'tokenizer.model'),
+              os.path.join(workdir, 'tokenizer.model'))
+  rc = RLConfig(**config.rl.to_dict())
+  oc = train.OptimConfig(**config.optim.to_dict())
+  opt = train.make_optimizer(oc)
+  graph, state = train.init_state(policy, opt)
+  ref = None
+  if rc.kl_coef:  # a frozen copy: the policy's own buffers are donated
+    g, p, r = nnx.split(policy, nnx.Param, ...)
+    ref = (g, jax.tree.map(jnp.copy, p), jax.tree.map(jnp.copy, r))
+  teachers = load_teachers(dict(config.teachers)) if (
+      rc.algorithm == 'mopd') else {}
+
+  gen = dict(config.data.to_dict())
+  dom = gen.pop('domain')
+  n_train = gen.pop('n_train')
+  stream = PromptStream(domains.generate(dom, split='train', n=n_train,
+                                         seed=config.seed, **gen),
+                        seed=config.seed)
+  evals = {dom: domains.generate(dom, split='eval', n=config.eval_n,
+                                 seed=config.seed, **gen)}
+
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                 max_to_keep=config.keep_checkpoints)
+  start = 0
+  if ckpt.latest_step() is not None:
+    restored, extra = ckpt.restore(state.to_checkpoint())
+    state = state.from_checkpoint(restored)
+    stream.position = int(extra['prompt_position'])
+    start = int(state.step)
+    print(f'[rl] resumed from step {start}')
+  writer = metrics_lib.MetricsWriter(workdir, name='rl')
+  scores = _evaluate(graph, state, tok, evals, writer, start, 'start')
+  progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
+                                  start=start)
+  key0 = jax.random.key(config.seed)
+  for step in range(start, config.steps):
+    t0 = time.perf_counter()
+    policy = nnx.merge(graph, state.params, state.rest)
+    batch, rewards, recs, st = collect(policy, tok, stream, rc,
+                                       jax.random.fold_in(key0, step))
+    m = dict(reward_mean=float(np.mean(st['rewards'])),
+             reward_std=float(np.std(st['rewards'])),
+             pass_rate=float(np.mean(np.asarray(st['rewards']) >= 1.0)),
+             filtered_groups=st['filtered_groups'],
+             truncation_rate=st['truncated'] / max(len(st['rewards']), 1),
+             sample_s=st['sample_s'], score_s=st['score_s'])
+    if batch is not None:
+      batch['advantages'] = np.asarray(losses.group_advantages(
+          jnp.asarray(rewards), rc.rollouts_per_prompt,
+          scale=rc.advantage_scale))
+      if teachers:
+        batch['teacher_logp'] = _teacher_logp(teachers, batch, recs)
+      if ref is not None:
+        batch['ref_logp'] = np.asarray(_frozen(ref[0], ref[1], ref[2], {
+            k: jnp.asarray(batch[k]) for k in ('inputs', 'targets',
+                                               'positions', 'segment_ids')}))
+      t1 = time.perf_counter()
+      state, um = update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
+                         opt=opt, cfg=rc)
+      um = jax.device_get(um)
+      m.update({k: float(v) for k, v in um.items()},
+               train_s=time.perf_counter() - t1,
+               response_length=float(batch['mask'].sum(1).mean()))
+    else:  # every group filtered: nothing to learn from this step
+      state = train.TrainState(state.params, state.rest, state.opt_state,
+                               state.step + 1)
+    m['step_s'] = time.perf_counter() - t0
+    writer.write(step + 1, m)
+    if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+      progress.update(step + 1, {k: m[k] for k in ('reward_mean', 'pass_rate')
+                                 if k in m})
+    if config.eval_every and (step + 1) % config.eval_every == 0 and (
+        step + 1 < config.steps):
+      _evaluate(graph, state, tok, evals, writer, step + 1, 'eval')
+    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+      ckpt.save(step + 1, state.to_checkpoint(),
+                {'prompt_position': stream.position})
+  ckpt.wait()
+  scores = _evaluate(graph, state, tok, evals, writer, config.steps, 'end')
+  with open(os.path.join(workdir, 'rl_scores.json'), 'w') as f:
+    json.dump({k: v.__dict__ for k, v in scores.items()}, f, indent=2)
+  ckpt.close()
+  writer.close()
+  return scores
+
+
+def _evaluate(graph, state, tok, evals, writer, step, label):
+  model = nnx.merge(graph, state.params, state.rest)
+  scores = rollout.evaluate_model(model, tok, evals)
+  writer.write(step, {f'eval/{d}/pass_rate': s.pass_rate
+                      for d, s in scores.items()})
+  print(f'[rl] eval ({label}, step {step}, greedy):')
+  print(domains.format_scores(scores))
+  return scores

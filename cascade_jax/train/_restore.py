@@ -1,0 +1,44 @@
+"""Models from run directories: a stage's checkpoint becomes the next stage's policy, reference or teacher."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from flax import nnx
+
+from cascade_jax import checkpoint
+from cascade_jax import data
+from cascade_jax import model as model_lib
+from cascade_jax.train._state import init_state
+from cascade_jax.train._state import make_optimizer
+from cascade_jax.train._state import model_config
+from cascade_jax.train._state import OptimConfig
+
+
+def restore_run(run_dir: str, *, ctx=None):
+  """(model config, model with the run's latest weights, tokenizer).
+
+  Reads the run's resolved `config.json`, rebuilds its model and optimizer
+  state layout, and restores the latest checkpoint into it.
+  """
+  cfg_path = os.path.join(run_dir, 'config.json')
+  if not os.path.exists(cfg_path):
+    raise FileNotFoundError(f'{run_dir} is not a run directory (no '
+                            'config.json)')
+  with open(cfg_path) as f:
+    run_cfg = json.load(f)
+  m = run_cfg['model']
+  cfg = model_config(m['preset'], m.get('overrides') or {})
+  ck = checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints'))
+  if ck.latest_step() is None:
+    raise FileNotFoundError(f'{run_dir} has no checkpoint to restore')
+  model = model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
+  opt = make_optimizer(OptimConfig(**run_cfg['optim']))
+  graph, state = init_state(model, opt)
+  restored, _ = ck.restore(state.to_checkpoint())
+  state = state.from_checkpoint(restored)
+  ck.close()
+  tok = data.load_tokenizer(os.path.join(run_dir, 'tokenizer.model'))
+  data.check_vocab(tok, cfg.vocab_size)
+  return cfg, nnx.merge(graph, state.params, state.rest), tok
