@@ -148,3 +148,17 @@ def test_mopd_stage_uses_teachers_and_names_a_missing_one(sft_dir, tmp_path):
   c.teachers.math = str(tmp_path / 'nowhere')
   with pytest.raises(FileNotFoundError, match="teacher for domain 'math'"):
     rl.run(c, str(tmp_path / 'bad'))
+
+
+def test_model_spec_follows_init_from(tmp_path):
+  from cascade_jax import train as train_lib  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'sft').mkdir()
+  (tmp_path / 'rl').mkdir()
+  (tmp_path / 'sft' / 'config.json').write_text(json.dumps(
+      {'model': {'preset': 'tiny', 'overrides': {}}}))
+  (tmp_path / 'rl' / 'config.json').write_text(json.dumps(
+      {'init_from': str(tmp_path / 'sft')}))
+  assert train_lib.model_spec(str(tmp_path / 'rl'))['preset'] == 'tiny'
+  (tmp_path / 'sft' / 'config.json').write_text('{}')
+  with pytest.raises(ValueError, match='names no model'):
+    train_lib.model_spec(str(tmp_path / 'rl'))

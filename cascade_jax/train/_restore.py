@@ -28,7 +28,7 @@ def restore_run(run_dir: str, *, ctx=None):
                             'config.json)')
   with open(cfg_path) as f:
     run_cfg = json.load(f)
-  m = run_cfg['model']
+  m = model_spec(run_dir)
   cfg = model_config(m['preset'], m.get('overrides') or {})
   ck = checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints'))
   if ck.latest_step() is None:
@@ -42,3 +42,15 @@ def restore_run(run_dir: str, *, ctx=None):
   tok = data.load_tokenizer(os.path.join(run_dir, 'tokenizer.model'))
   data.check_vocab(tok, cfg.vocab_size)
   return cfg, nnx.merge(graph, state.params, state.rest), tok
+
+
+def model_spec(run_dir: str) -> dict:
+  """The model (preset + overrides) a run trained: its own config's, or,
+  for a stage started from another run, that run's (recursively)."""
+  with open(os.path.join(run_dir, 'config.json')) as f:
+    run_cfg = json.load(f)
+  if 'model' in run_cfg:
+    return run_cfg['model']
+  if run_cfg.get('init_from'):
+    return model_spec(run_cfg['init_from'])
+  raise ValueError(f'{run_dir}/config.json names no model and no init_from')
