@@ -99,12 +99,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  max_to_keep=config.keep_checkpoints)
-  start = 0
-  if ckpt.latest_step() is not None:
-    restored, extra = ckpt.restore(state.to_checkpoint())
-    state = state.from_checkpoint(restored)
+  state, extra = train.resume(ckpt, state)
+  start = int(state.step)
+  if extra is not None:
     stream.position = int(extra['prompt_position'])
-    start = int(state.step)
     print(f'[rl] resumed from step {start}')
   writer = metrics_lib.MetricsWriter(workdir, name='rl')
   scores = _evaluate(graph, state, tok, evals, writer, start, 'start')

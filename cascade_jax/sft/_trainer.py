@@ -174,12 +174,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  max_to_keep=config.keep_checkpoints)
-  start = 0
-  if ckpt.latest_step() is not None:
-    restored, extra = ckpt.restore(state.to_checkpoint())
-    state = state.from_checkpoint(restored)
+  state, extra = train.resume(ckpt, state)
+  start = int(state.step)
+  if extra is not None:
     it.set_state(extra['data'])
-    start = int(state.step)
     print(f'[sft] resumed from step {start} ({ckpt.directory})')
 
   writer = metrics_lib.MetricsWriter(workdir, name='sft')

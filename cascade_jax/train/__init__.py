@@ -7,6 +7,7 @@ from cascade_jax.train._state import init_state
 from cascade_jax.train._state import make_optimizer
 from cascade_jax.train._state import model_config
 from cascade_jax.train._state import OptimConfig
+from cascade_jax.train._state import resume
 from cascade_jax.train._state import schedule
 from cascade_jax.train._state import TrainState
 from cascade_jax.train._restore import restore_run

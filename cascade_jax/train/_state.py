@@ -103,3 +103,12 @@ def init_state(model: nnx.Module, opt: optax.GradientTransformation
   graph, params, rest = nnx.split(model, nnx.Param, ...)
   opt_state = jax.jit(opt.init)(params)
   return graph, TrainState(params, rest, opt_state, jnp.zeros((), jnp.int32))
+
+
+def resume(ckpt, state: TrainState) -> tuple[TrainState, dict | None]:
+  """The latest checkpoint of `ckpt` restored into `state`'s layout, with its
+  JSON side data; (state, None) when the run has no checkpoint yet."""
+  if ckpt.latest_step() is None:
+    return state, None
+  restored, extra = ckpt.restore(state.to_checkpoint())
+  return state.from_checkpoint(restored), extra
