@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from cascade_jax.domains import _base
 
@@ -148,7 +148,3 @@ def prompt_of(record: _base.Record) -> str:
   """The last user message: what the verifier's task is stated in."""
   return record['messages'][-1]['content']
 
-
-def check_domains(records: Sequence[_base.Record]) -> None:
-  for r in records:
-    _base.get(r['domain'])

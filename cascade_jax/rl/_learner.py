@@ -161,9 +161,9 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     key, sub = jax.random.split(key)
     t0 = time.perf_counter()
     ptoks, plens = rollout.pad_prompts(prompts, sc.prompt_bucket, tok.pad_id)
-    ro = rollout.generate(policy, prompts, cfg=sc, stop_id=tok.im_end,
-                          pad_id=tok.pad_id, key=sub,
-                          record_experts=cfg.routing_replay)
+    ro = rollout.generate_padded(policy, ptoks, plens, cfg=sc,
+                                 stop_id=tok.im_end, pad_id=tok.pad_id,
+                                 key=sub, record_experts=cfg.routing_replay)
     ro = jax.device_get(ro)
     stats['sample_s'] += time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -105,7 +105,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     stream.position = int(extra['prompt_position'])
     print(f'[rl] resumed from step {start}')
   writer = metrics_lib.MetricsWriter(workdir, name='rl')
-  scores = _evaluate(graph, state, tok, evals, writer, start, 'start')
+  _evaluate(graph, state, tok, evals, writer, start)
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
   key0 = jax.random.key(config.seed)
@@ -147,12 +147,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                  if k in m})
     if config.eval_every and (step + 1) % config.eval_every == 0 and (
         step + 1 < config.steps):
-      _evaluate(graph, state, tok, evals, writer, step + 1, 'eval')
+      _evaluate(graph, state, tok, evals, writer, step + 1)
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
       ckpt.save(step + 1, state.to_checkpoint(),
                 {'prompt_position': stream.position})
   ckpt.wait()
-  scores = _evaluate(graph, state, tok, evals, writer, config.steps, 'end')
+  scores = _evaluate(graph, state, tok, evals, writer, config.steps)
   with open(os.path.join(workdir, 'rl_scores.json'), 'w') as f:
     json.dump({k: v.__dict__ for k, v in scores.items()}, f, indent=2)
   ckpt.close()
@@ -160,11 +160,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return scores
 
 
-def _evaluate(graph, state, tok, evals, writer, step, label):
-  model = nnx.merge(graph, state.params, state.rest)
-  scores = rollout.evaluate_model(model, tok, evals)
-  writer.write(step, {f'eval/{d}/pass_rate': s.pass_rate
-                      for d, s in scores.items()})
-  print(f'[rl] eval ({label}, step {step}, greedy):')
-  print(domains.format_scores(scores))
-  return scores
+def _evaluate(graph, state, tok, evals, writer, step):
+  return rollout.evaluate_and_log(nnx.merge(graph, state.params, state.rest),
+                                  tok, evals, writer=writer, step=step,
+                                  label='rl')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -57,4 +58,22 @@ def evaluate_model(model, tok: data.Tokenizer,
                        temperature=temperature)
     resp = responses_for(model, tok, recs, cfg=cfg, batch_size=batch_size)
     scores.update(domains.evaluate(recs, resp, sandbox=sandbox))
+  return scores
+
+
+def evaluate_and_log(model, tok: data.Tokenizer,
+                     eval_sets: Mapping[str, Sequence[dict]], *, writer,
+                     step: int, label: str) -> dict[str, domains.DomainScore]:
+  """evaluate_model, written to a metrics writer and printed as a table."""
+  if not eval_sets:
+    return {}
+  t0 = time.perf_counter()
+  scores = evaluate_model(model, tok, eval_sets)
+  writer.write(step, {f'eval/{d}/pass_rate': s.pass_rate
+                      for d, s in scores.items()} |
+               {f'eval/{d}/mean_reward': s.mean_reward
+                for d, s in scores.items()})
+  print(f'[{label}] eval at step {step} ({time.perf_counter() - t0:.0f}s, '
+        'greedy):')
+  print(domains.format_scores(scores))
   return scores

@@ -146,8 +146,17 @@ def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], *,
   to replay in the learner's forward pass.
   """
   tokens, lengths = pad_prompts(prompts, cfg.prompt_bucket, pad_id)
+  return generate_padded(model, tokens, lengths, cfg=cfg, stop_id=stop_id,
+                         pad_id=pad_id, key=key, record_experts=record_experts)
+
+
+def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
+                    cfg: SampleConfig, stop_id: int, pad_id: int = 0,
+                    key: jax.Array | None = None,
+                    record_experts: bool = False) -> Rollout:
+  """`generate` on prompts already left-padded by `pad_prompts`."""
   graph, state = nnx.split(model)
   key = jax.random.key(0) if key is None else key
-  return _generate(graph, state, jnp.asarray(tokens), jnp.asarray(lengths),
+  return _generate(graph, state, jnp.asarray(tokens_bp), jnp.asarray(lengths_b),
                    key, cfg=cfg, stop_id=stop_id, pad_id=pad_id,
                    record_experts=record_experts)

@@ -47,7 +47,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 
@@ -167,7 +166,6 @@ class Sandbox:
     self.is_root = os.geteuid() == 0
     self._python = python or _find_python(self.is_root)
     self._pool = concurrent.futures.ThreadPoolExecutor(self.workers)
-    self._lock = threading.Lock()
 
   # ----------------------------------------------------------- public API
 

@@ -221,16 +221,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def _evaluate(graph, state, tok, evals, writer, step):
-  if not evals:
-    return {}
-  t0 = time.perf_counter()
-  model = nnx.merge(graph, state.params, state.rest)
-  scores = rollout.evaluate_model(model, tok, evals)
-  writer.write(step, {f'eval/{d}/pass_rate': s.pass_rate
-                      for d, s in scores.items()} |
-               {f'eval/{d}/mean_reward': s.mean_reward
-                for d, s in scores.items()})
-  print(f'[sft] eval at step {step} ({time.perf_counter() - t0:.0f}s, greedy):')
-  print(domains.format_scores(scores))
-  return scores
+  return rollout.evaluate_and_log(nnx.merge(graph, state.params, state.rest),
+                                  tok, evals, writer=writer, step=step,
+                                  label='sft')
 
