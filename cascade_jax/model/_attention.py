@@ -14,13 +14,20 @@ from cascade_jax.sharding import ShardingCtx
 _NEG_INF = -1e30  # finite: a query with no visible key (padding) gets no NaN
 
 
-def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
+def rope_tables(positions_bt: jax.Array, head_dim: int,
+                theta: float) -> tuple[jax.Array, jax.Array]:
+  """cos, sin [B, T, 1, H/2]: computed once per forward pass, shared by every layer."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
+                              / head_dim))
+  ang = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+  return jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+
+
+def rope(x_btnh: jax.Array, positions_bt: jax.Array | None, theta: float,
+         tables: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
   """Rotary embedding, "rotate half" layout (as in Llama / Qwen)."""
   h = x_btnh.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
-  ang = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
-  cos = jnp.cos(ang)[:, :, None, :]
-  sin = jnp.sin(ang)[:, :, None, :]
+  cos, sin = tables or rope_tables(positions_bt, h, theta)
   x = x_btnh.astype(jnp.float32)
   x1, x2 = x[..., : h // 2], x[..., h // 2:]
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -61,10 +68,17 @@ class Attention(nnx.Module):
 
   def __call__(self, x_btd, *, positions_bt, segment_ids_bt, kv_cache=None,
                cache_index=None, cache_positions_bs=None,
-               cache_segment_ids_bs=None):
+               cache_segment_ids_bs=None, rope_cs=None, mask_bts=None):
     """Attends x over itself, or over a KV cache that x's keys are written into.
 
-    Returns (y [B, T, D], (k, v)): the new keys/values, or the updated cache.
+    The cache is ([B, K, S, H] keys, values): batch and head axes major, so
+    that the decode step's two dots read it in place (a [B, S, K, H] cache
+    was transposed, i.e. copied whole, at every step). `rope_cs` (from
+    `rope_tables`) and `mask_bts` (from `attention_mask`) may be passed
+    precomputed, once for all layers.
+
+    Returns (y [B, T, D], (k, v)): the new keys/values [B, T, K, H], or the
+    updated cache.
     """
     cfg = self.cfg
     b, t, d = x_btd.shape
@@ -78,31 +92,36 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q, kk = self.q_norm(q), self.k_norm(kk)
     if cfg.use_rope:
-      q = rope(q, positions_bt, cfg.rope_theta)
-      kk = rope(kk, positions_bt, cfg.rope_theta)
-
-    if kv_cache is None:
-      keys, values = kk, v
-      k_pos, k_seg = positions_bt, segment_ids_bt
-      new_kv = (kk, v)
-    else:
-      ck, cv = kv_cache
-      keys = jax.lax.dynamic_update_slice_in_dim(ck, kk.astype(ck.dtype),
-                                                 cache_index, axis=1)
-      values = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype),
-                                                   cache_index, axis=1)
-      k_pos, k_seg = cache_positions_bs, cache_segment_ids_bs
-      new_kv = (keys, values)
-      keys, values = keys.astype(dt), values.astype(dt)
+      if rope_cs is None:
+        rope_cs = rope_tables(positions_bt, h, cfg.rope_theta)
+      q = rope(q, None, cfg.rope_theta, rope_cs)
+      kk = rope(kk, None, cfg.rope_theta, rope_cs)
 
     g = n // k
     q = q.reshape(b, t, k, g, h)
-    logits = jnp.einsum('btkgh,bskh->bkgts', q, keys,
-                        preferred_element_type=jnp.float32) * h ** -0.5
-    mask = attention_mask(positions_bt, segment_ids_bt, k_pos, k_seg)
-    logits = jnp.where(mask[:, None, None], logits, _NEG_INF)
+    if kv_cache is None:
+      k_pos, k_seg = positions_bt, segment_ids_bt
+      new_kv = (kk, v)
+      logits = jnp.einsum('btkgh,bskh->bkgts', q, kk,
+                          preferred_element_type=jnp.float32)
+      values, out_eq = v, 'bkgts,bskh->btkgh'
+    else:
+      ck, cv = kv_cache
+      keys = jax.lax.dynamic_update_slice_in_dim(
+          ck, kk.transpose(0, 2, 1, 3).astype(ck.dtype), cache_index, axis=2)
+      values = jax.lax.dynamic_update_slice_in_dim(
+          cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), cache_index, axis=2)
+      k_pos, k_seg = cache_positions_bs, cache_segment_ids_bs
+      new_kv = (keys, values)
+      logits = jnp.einsum('btkgh,bksh->bkgts', q, keys.astype(dt),
+                          preferred_element_type=jnp.float32)
+      values, out_eq = values.astype(dt), 'bkgts,bksh->btkgh'
+    logits = logits * h ** -0.5
+    if mask_bts is None:
+      mask_bts = attention_mask(positions_bt, segment_ids_bt, k_pos, k_seg)
+    logits = jnp.where(mask_bts[:, None, None], logits, _NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-    out = jnp.einsum('bkgts,bskh->btkgh', probs, values)  # [B, T, K, G, H]
+    out = jnp.einsum(out_eq, probs, values)  # [B, T, K, G, H]
     out_nd = out.reshape(b * t, n * h)
     y = out_nd @ self.w_o_nhd[...].astype(dt).reshape(n * h, d)
     return y.reshape(b, t, d), new_kv

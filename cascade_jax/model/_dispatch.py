@@ -84,16 +84,35 @@ def _combine(y_nkd, w_nk):
 
 
 def _dense_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
-  """Local experts on all tokens; only chosen (token, expert) pairs count."""
+  """Local experts on all tokens; only chosen (token, expert) pairs count.
+
+  Written as two flat matmuls over all local experts at once ([N, D] @
+  [D, E*F], then [N, E*F] @ [E*F, D] with the gate weights applied in
+  between), which XLA:CPU runs faster than per-expert batched matmuls
+  unless there are only a few tokens (decoding a small batch), where the
+  transpose of the [E, D, F] weights that the flat form needs costs more.
+  """
   w_gate, w_up, w_down = ws
-  num_local = w_gate.shape[0]
+  num_local, d, f = w_gate.shape
   local_ids = first_expert + jnp.arange(num_local)
   # [N, E_local]: the gate weight token n gives local expert e (0 if unchosen).
   comb_ne = jnp.einsum('nk,nke->ne', w_nk,
                        (idx_nk[..., None] == local_ids).astype(w_nk.dtype))
-  x_end = jnp.broadcast_to(x_nd, (num_local,) + x_nd.shape)
-  y_end = _expert_mlp_ecd(x_end, w_gate, w_up, w_down, act)
-  return jnp.einsum('end,ne->nd', y_end, comb_ne.astype(y_end.dtype))
+  if not flat_dense(x_nd.shape[0], idx_nk.shape[1], num_local):
+    x_end = jnp.broadcast_to(x_nd, (num_local,) + x_nd.shape)
+    y_end = _expert_mlp_ecd(x_end, w_gate, w_up, w_down, act)
+    return jnp.einsum('end,ne->nd', y_end, comb_ne.astype(y_end.dtype))
+  flat = lambda w: w.transpose(1, 0, 2).reshape(d, num_local * f)
+  g = x_nd @ flat(w_gate)
+  u = None if w_up is None else x_nd @ flat(w_up)
+  h_nef = activation(act, g, u).reshape(-1, num_local, f)
+  h_nef = h_nef * comb_ne.astype(h_nef.dtype)[:, :, None]
+  return h_nef.reshape(-1, num_local * f) @ w_down.reshape(num_local * f, d)
+
+
+def flat_dense(num_tokens: int, top_k: int, num_experts: int) -> bool:
+  """Whether `dense` runs as two flat matmuls (else per-expert batched ones)."""
+  return 2 * num_tokens * top_k > num_experts
 
 
 # ----------------------------------------------------------------- ragged

@@ -104,9 +104,16 @@ class MoE(nnx.Module):
                    if m.num_shared_experts else None)
 
   def __call__(self, x_btd: jax.Array, *, valid_bt: jax.Array | None = None,
-               expert_idx_btk: jax.Array | None = None
+               expert_idx_btk: jax.Array | None = None,
+               with_stats: bool = True,
+               dispatch: str | None = None,
                ) -> tuple[jax.Array, dict[str, Any]]:
-    """Returns (y [B, T, D], router info: stats, aux losses, expert_idx [B, T, k])."""
+    """Returns (y [B, T, D], router info: stats, aux losses, expert_idx [B, T, k]).
+
+    With `with_stats=False` the info holds only expert_idx (decoding);
+    `dispatch` overrides the configured path (the sampler decodes with the
+    dropless `dense`).
+    """
     m = self.cfg
     b, t, d = x_btd.shape
     x_nd = x_btd.reshape(b * t, d)
@@ -121,10 +128,13 @@ class MoE(nnx.Module):
     ws = (self.w_gate_edf[...].astype(dt),
           None if self.w_up_edf is None else self.w_up_edf[...].astype(dt),
           self.w_down_efd[...].astype(dt))
-    y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk, ws)
+    y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk, ws,
+                                  dispatch or m.dispatch)
     if self.shared is not None:
       y_nd = y_nd + self.shared(x_nd)
 
+    if not with_stats:
+      return y_nd.reshape(b, t, d), {'expert_idx': idx_nk.reshape(b, t, -1)}
     if valid_bt is None:
       valid_bt = jnp.ones((b, t), bool)
     stats = router_stats(
@@ -136,10 +146,10 @@ class MoE(nnx.Module):
     stats['expert_idx'] = idx_nk.reshape(b, t, -1)
     return y_nd.reshape(b, t, d), stats
 
-  def _experts(self, x_nd, idx_nk, w_nk, ws):
+  def _experts(self, x_nd, idx_nk, w_nk, ws, dispatch):
     m = self.cfg
     fn = functools.partial(
-        _dispatch.expert_forward, act=m.activation, dispatch=m.dispatch,
+        _dispatch.expert_forward, act=m.activation, dispatch=dispatch,
         num_experts=m.num_experts, capacity_factor=m.capacity_factor)
     if self.ctx is None:
       return fn(x_nd, idx_nk, w_nk, ws)

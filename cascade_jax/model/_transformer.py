@@ -10,6 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from cascade_jax.model._attention import Attention
+from cascade_jax.model._attention import attention_mask
+from cascade_jax.model._attention import rope_tables
 from cascade_jax.model._config import ATTENTION
 from cascade_jax.model._config import MAMBA
 from cascade_jax.model._config import MLP
@@ -34,7 +36,7 @@ class KVCache:
   written at `index`, the same slot for every row; rows of different prompt
   lengths are left-padded with segment 0.
   """
-  k: tuple[jax.Array, ...]         # per attention layer: [B, S, K, H]
+  k: tuple[jax.Array, ...]         # per attention layer: [B, K, S, H]
   v: tuple[jax.Array, ...]
   positions: jax.Array             # [B, S] int32
   segment_ids: jax.Array           # [B, S] int32
@@ -49,7 +51,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int,
                dtype: str | None = None) -> KVCache:
   dt = jnp.dtype(dtype or cfg.dtype)
   n_attn = cfg.pattern.count(ATTENTION)
-  shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   return KVCache(
       k=tuple(jnp.zeros(shape, dt) for _ in range(n_attn)),
       v=tuple(jnp.zeros(shape, dt) for _ in range(n_attn)),
@@ -106,6 +108,8 @@ class Transformer(nnx.Module):
                cache: KVCache | None = None,
                expert_idx: jax.Array | None = None,
                return_hidden: bool = False,
+               router_stats: bool = True,
+               moe_dispatch: str | None = None,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Runs the model.
 
@@ -118,6 +122,9 @@ class Transformer(nnx.Module):
       expert_idx: [L_moe, B, T, k] experts to use in each MoE layer instead of
         the router's choice (replaying a rollout's routing).
       return_hidden: also return the final normed hidden states.
+      router_stats: compute the routers' load / aux-loss statistics (the
+        sampler's decode steps skip them; 'expert_idx' is always returned).
+      moe_dispatch: overrides the MoE layers' configured dispatch path.
 
     Returns:
       (logits [B, T, V] fp32, info) where info has 'aux_loss' (scalar sum of
@@ -150,6 +157,14 @@ class Transformer(nnx.Module):
           axis=1)
     new_k, new_v, routers = [], [], []
     valid = segment_ids_bt != 0
+    # Shared by every attention layer: computed once, not once per layer.
+    rope_cs = (rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
+               if cfg.use_rope else None)
+    if cache is None:
+      mask = attention_mask(positions_bt, segment_ids_bt, positions_bt,
+                            segment_ids_bt)
+    else:
+      mask = attention_mask(positions_bt, segment_ids_bt, cache_pos, cache_seg)
     for blk in self.blocks:
       h = blk.norm(x)
       if blk.kind == ATTENTION:
@@ -159,12 +174,14 @@ class Transformer(nnx.Module):
           kw = dict(kv_cache=(cache.k[a], cache.v[a]), cache_index=cache.index,
                     cache_positions_bs=cache_pos, cache_segment_ids_bs=cache_seg)
         h, (kk, vv) = blk.mixer(h, positions_bt=positions_bt,
-                                segment_ids_bt=segment_ids_bt, **kw)
+                                segment_ids_bt=segment_ids_bt, rope_cs=rope_cs,
+                                mask_bts=mask, **kw)
         new_k.append(kk)
         new_v.append(vv)
       elif blk.kind == MOE:
         replay = None if expert_idx is None else expert_idx[len(routers)]
-        h, stats = blk.mixer(h, valid_bt=valid, expert_idx_btk=replay)
+        h, stats = blk.mixer(h, valid_bt=valid, expert_idx_btk=replay,
+                             with_stats=router_stats, dispatch=moe_dispatch)
         routers.append(stats)
       else:
         h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
@@ -177,8 +194,9 @@ class Transformer(nnx.Module):
     if routers:
       stacked = {k: jnp.stack([r[k] for r in routers]) for k in routers[0]}
       info['expert_idx'] = stacked.pop('expert_idx')
-      info['aux_loss'] = stacked.pop('aux_loss').sum()
-      info['router'] = stacked
+      if router_stats:
+        info['aux_loss'] = stacked.pop('aux_loss').sum()
+        info['router'] = stacked
     if cache is not None:
       info['cache'] = KVCache(k=tuple(new_k), v=tuple(new_v),
                               positions=cache_pos, segment_ids=cache_seg,

@@ -1,0 +1,121 @@
+"""The sampler: log-probs match a full forward pass, stopping, truncation, routing, one compile per shape."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade_jax import model
+from cascade_jax import rollout
+
+STOP = 3
+
+
+@pytest.fixture(scope='module')
+def policy():
+  cfg = model.tiny(vocab_size=48, pattern='*E*E')
+  return model.Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+def _prompts(lengths, seed=0):
+  rng = np.random.RandomState(seed)
+  return [rng.randint(4, 48, n).tolist() for n in lengths]
+
+
+def _forward_logprobs(m, prompts, out, cfg):
+  """Log-probs of the sampled tokens from one full forward pass per row."""
+  rows = []
+  width = max(map(len, prompts)) + out.tokens.shape[1]
+  for i, p in enumerate(prompts):
+    n = int(out.mask[i].sum())
+    seq = p + out.tokens[i, :n].tolist()
+    # Right padding to one width (one compile): causal, so it changes nothing.
+    logits, _ = m(jnp.asarray([seq + [0] * (width - len(seq))]))
+    step = logits[0, len(p) - 1:len(p) - 1 + n]
+    if cfg.temperature == 0.0:
+      rows.append(np.zeros(n))
+      continue
+    logp = jax.nn.log_softmax(rollout.process_logits(step, cfg), -1)
+    rows.append(np.asarray(jnp.take_along_axis(
+        logp, out.tokens[i, :n, None], -1)[:, 0]))
+  return rows
+
+
+@pytest.mark.parametrize('sample', [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_p=0.9),
+    dict(temperature=1.3, top_k=5),
+])
+def test_sampler_logprobs_equal_a_full_forward_pass(policy, sample):
+  cfg = rollout.SampleConfig(max_new_tokens=10, prompt_bucket=8, **sample)
+  prompts = _prompts([3, 7, 12, 1]) * 2          # two samples per prompt
+  out = rollout.generate(policy, prompts, cfg=cfg, stop_id=STOP,
+                         key=jax.random.key(1))
+  for i, ref in enumerate(_forward_logprobs(policy, prompts, out, cfg)):
+    n = len(ref)
+    np.testing.assert_allclose(out.logprobs[i, :n], ref, atol=1e-5)
+    assert float(jnp.abs(out.logprobs[i, n:]).sum()) == 0.0
+
+
+def test_stop_tokens_masks_and_truncation(policy):
+  cfg = rollout.SampleConfig(max_new_tokens=6, temperature=1.0, prompt_bucket=4)
+  prompts = _prompts([2, 5, 9, 4, 6, 3, 8, 1])
+  # Stop on the most likely first token of some rows, so both cases occur.
+  out = rollout.generate(policy, prompts, cfg=cfg, stop_id=STOP, pad_id=0,
+                         key=jax.random.key(0))
+  toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
+  for row, m, cut in zip(toks, mask, np.asarray(out.truncated)):
+    n = int(m.sum())
+    assert m[:n].all() and not m[n:].any()   # one contiguous response
+    stops = np.flatnonzero(row == STOP)
+    if cut:
+      assert n == cfg.max_new_tokens and stops.size == 0
+    else:
+      assert stops[0] == n - 1                 # the stop token is included
+      assert (row[n:] == 0).all()              # padded after it
+
+
+def test_greedy_picks_the_argmax_and_ignores_the_key(policy):
+  cfg = rollout.SampleConfig(max_new_tokens=5, temperature=0.0)
+  prompts = _prompts([4, 9])
+  a = rollout.generate(policy, prompts, cfg=cfg, stop_id=-1,
+                       key=jax.random.key(0))
+  b = rollout.generate(policy, prompts, cfg=cfg, stop_id=-1,
+                       key=jax.random.key(7))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  for i, p in enumerate(prompts):
+    logits, _ = policy(jnp.asarray([p + a.tokens[i].tolist()]))
+    np.testing.assert_array_equal(
+        jnp.argmax(logits[0, len(p) - 1:-1], -1), a.tokens[i])
+
+
+def test_recorded_experts_are_the_forward_pass_routing(policy):
+  cfg = rollout.SampleConfig(max_new_tokens=5, temperature=1.0,
+                             prompt_bucket=8)
+  prompts = _prompts([8, 8])                     # no padding: same positions
+  out = rollout.generate(policy, prompts, cfg=cfg, stop_id=-1,
+                         record_experts=True)
+  seq = jnp.concatenate([jnp.asarray(prompts), out.tokens], 1)
+  _, info = policy(seq)
+  # Every position that consumed a token (the last sampled one never did).
+  np.testing.assert_array_equal(out.expert_idx[:, :, :-1],
+                                info['expert_idx'][:, :, :-1])
+
+
+def test_compiles_once_per_shape_bucket(policy):
+  cfg = rollout.SampleConfig(max_new_tokens=4, prompt_bucket=16)
+  rollout.generate(policy, _prompts([3, 5]), cfg=cfg, stop_id=STOP)
+  before = rollout.trace_count()
+  for seed, lengths in enumerate([[1, 16], [7, 2], [16, 9]]):
+    rollout.generate(policy, _prompts(lengths, seed), cfg=cfg, stop_id=STOP,
+                     key=jax.random.key(seed))
+  assert rollout.trace_count() == before       # same (2, 16) bucket
+  rollout.generate(policy, _prompts([17, 2]), cfg=cfg, stop_id=STOP)
+  assert rollout.trace_count() == before + 1   # the next bucket compiles
+
+
+def test_empty_prompt_is_refused(policy):
+  with pytest.raises(ValueError, match='at least one token'):
+    rollout.generate(policy, [[5], []], cfg=rollout.SampleConfig(),
+                     stop_id=STOP)
