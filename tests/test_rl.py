@@ -1,5 +1,6 @@
 """The RL learner: rollouts line up with the learner, filtering, and GRPO learns a toy reward."""
 
+import dataclasses
 import json
 
 import jax
@@ -68,6 +69,28 @@ def test_grpo_learns_a_toy_reward_with_matching_logprobs(setup):
     # the sampler's log-probs: strictly on-policy.
     assert float(m['sampler_mismatch']) < 1e-5
   assert np.mean(means[-5:]) > 2 * np.mean(means[:5]) + 0.05, means
+
+
+def test_more_updates_per_batch_are_off_policy_after_the_first(setup):
+  tok, cfg, recs = setup
+  opt, graph, state = _init(cfg)
+  c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
+                  max_new_tokens=8, dynamic_filtering=False,
+                  updates_per_batch=2, overlong='none')
+  batch, rewards, _, _ = rl.collect(
+      nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
+      c, jax.random.key(0),
+      reward_fn=lambda recs, _: np.arange(len(recs)) % 3)
+  batch['advantages'] = np.asarray(losses.group_advantages(
+      jnp.asarray(rewards), c.rollouts_per_prompt))
+  state, m = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
+  assert int(state.step) == 2 and abs(m['ratio_mean'] - 1.0) < 1e-5  # lr 0
+  state, m = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
+  # Minibatch 2 is scored after the update on minibatch 1: off-policy.
+  assert abs(m['ratio_mean'] - 1.0) > 1e-4, m
+  with pytest.raises(ValueError, match='whole groups'):
+    rl.update_minibatches(state, batch, graph=graph, opt=opt,
+                          cfg=dataclasses.replace(c, updates_per_batch=3))
 
 
 def test_dynamic_filtering_drops_groups_with_equal_rewards(setup):

@@ -9,3 +9,4 @@ from cascade_jax.rl._learner import update
 from cascade_jax.rl._learner import verifier_rewards
 from cascade_jax.rl._stage import load_teachers
 from cascade_jax.rl._stage import run
+from cascade_jax.rl._stage import update_minibatches

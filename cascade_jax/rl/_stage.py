@@ -100,7 +100,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  max_to_keep=config.keep_checkpoints)
   state, extra = train.resume(ckpt, state)
-  start = int(state.step)
+  start = 0 if extra is None else ckpt.latest_step()   # RL steps, not updates
   if extra is not None:
     stream.position = int(extra['prompt_position'])
     print(f'[rl] resumed from step {start}')
@@ -131,15 +131,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             k: jnp.asarray(batch[k]) for k in ('inputs', 'targets',
                                                'positions', 'segment_ids')}))
       t1 = time.perf_counter()
-      state, um = update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
-                         opt=opt, cfg=rc)
-      um = jax.device_get(um)
-      m.update({k: float(v) for k, v in um.items()},
-               train_s=time.perf_counter() - t1,
+      state, um = update_minibatches(state, batch, graph=graph, opt=opt, cfg=rc)
+      m.update(um, train_s=time.perf_counter() - t1,
                response_length=float(batch['mask'].sum(1).mean()))
-    else:  # every group filtered: nothing to learn from this step
-      state = train.TrainState(state.params, state.rest, state.opt_state,
-                               state.step + 1)
+    # else: every group was filtered, nothing to learn from this step.
     m['step_s'] = time.perf_counter() - t0
     writer.write(step + 1, m)
     if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
@@ -158,6 +153,32 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt.close()
   writer.close()
   return scores
+
+
+def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig):
+  """`updates_per_batch` optimizer steps, one per minibatch of whole groups.
+
+  With one update (the recipe's default) this is strictly on-policy. With
+  more, every minibatch after the first is scored by a policy that has moved
+  since sampling: the sampler's log-probs are the old log-probs that the
+  clipped ratio is taken against. Returns (state, metrics averaged).
+  """
+  n = cfg.updates_per_batch
+  rows = batch['mask'].shape[0]
+  if rows % n or (rows // n) % cfg.rollouts_per_prompt:
+    raise ValueError(
+        f'rl.updates_per_batch={n} must split the {rows} rollouts into equal '
+        f'minibatches of whole groups of {cfg.rollouts_per_prompt}')
+  if n > 1:
+    batch = dict(batch, old_logp=batch['sampler_logp'])
+  size, ms = rows // n, []
+  for i in range(n):
+    sl = slice(i * size, (i + 1) * size)
+    mb = {k: v[:, sl] if k == 'expert_idx' else v[sl] for k, v in batch.items()}
+    state, um = update(state, jax.tree.map(jnp.asarray, mb), graph=graph,
+                       opt=opt, cfg=cfg)
+    ms.append(jax.device_get(um))
+  return state, {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
 
 
 def _evaluate(graph, state, tok, evals, writer, step):
