@@ -22,6 +22,7 @@ setuptools.setup(
         'safetensors>=0.4',
         'math-verify>=0.7',
         'tensorboardX>=2.6',
+        'matplotlib>=3.8',
     ],
     extras_require={
         # The local CPU wheel: any other torch version downloads gigabytes.

@@ -19,6 +19,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.init_from = ''                   # a run directory (SFT or an RL stage)
   c.data = ml_collections.ConfigDict(dict(
       domain='math', n_train=4096, levels=(1, 2), split_by='prompt'))
+  # data.domain may list several domains, comma-separated (a mixed stage).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
       temperature=1.0, top_p=1.0, max_new_tokens=16, kl_coef=0.0,
@@ -30,10 +31,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',
       warmup_init_frac=0.1))
   c.teachers = ml_collections.ConfigDict({'math': ''})  # MOPD: domain -> run
+  c.reward_model = ''                # a reward-model run: its scores, not verifiers
   c.steps = 100
   c.log_every = 10
   c.eval_every = 25
-  c.eval_n = 256
+  c.eval_n = 256                     # 0: no evaluation in the stage
   c.checkpoint_every = 25
   c.keep_checkpoints = 2
   if arg == 'mopd':

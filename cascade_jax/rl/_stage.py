@@ -26,6 +26,7 @@ from cascade_jax import checkpoint
 from cascade_jax import domains
 from cascade_jax import losses
 from cascade_jax import metrics as metrics_lib
+from cascade_jax import reward_model
 from cascade_jax import rollout
 from cascade_jax import train
 from cascade_jax.rl._learner import collect
@@ -33,6 +34,7 @@ from cascade_jax.rl._learner import frozen_logprobs
 from cascade_jax.rl._learner import PromptStream
 from cascade_jax.rl._learner import RLConfig
 from cascade_jax.rl._learner import update
+from cascade_jax.rl._learner import verifier_rewards
 
 
 def load_teachers(teachers: dict[str, str]) -> dict[str, tuple]:
@@ -89,13 +91,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       rc.algorithm == 'mopd') else {}
 
   gen = dict(config.data.to_dict())
-  dom = gen.pop('domain')
+  doms = [d.strip() for d in gen.pop('domain').split(',') if d.strip()]
   n_train = gen.pop('n_train')
-  stream = PromptStream(domains.generate(dom, split='train', n=n_train,
-                                         seed=config.seed, **gen),
+  # Several domains (comma-separated): prompts from each, one shuffled stream.
+  stream = PromptStream([r for d in doms for r in domains.generate(
+      d, split='train', n=n_train // len(doms), seed=config.seed, **gen)],
                         seed=config.seed)
-  evals = {dom: domains.generate(dom, split='eval', n=config.eval_n,
-                                 seed=config.seed, **gen)}
+  # eval_n = 0: no evaluation here (the cascade evaluates every domain).
+  evals = {d: domains.generate(d, split='eval', n=config.eval_n,
+                               seed=config.seed, **gen)
+           for d in doms} if config.eval_n else {}
+  reward_fn = verifier_rewards
+  if config.get('reward_model'):
+    reward_fn = reward_model.load(config.reward_model)
+    print(f'[rl] rewards from the reward model at {config.reward_model}')
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  max_to_keep=config.keep_checkpoints)
@@ -113,7 +122,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     t0 = time.perf_counter()
     policy = nnx.merge(graph, state.params, state.rest)
     batch, rewards, recs, st = collect(policy, tok, stream, rc,
-                                       jax.random.fold_in(key0, step))
+                                       jax.random.fold_in(key0, step),
+                                       reward_fn=reward_fn)
     m = dict(reward_mean=float(np.mean(st['rewards'])),
              reward_std=float(np.std(st['rewards'])),
              pass_rate=float(np.mean(np.asarray(st['rewards']) >= 1.0)),

@@ -1,0 +1,91 @@
+"""The cascade as data: an ordered list of stages, each its runner's full config plus three fields.
+
+A cascade config (see configs/cascade.py) has
+
+  order:   'sft,if_rl,multi_domain_rl,...'   the stages to run, in order
+  stages:  name -> the stage runner's config (configs/sft.py, configs/rl.py
+           or configs/reward_model.py, with the stage's values) plus
+           kind ('sft' | 'grpo' | 'mopd' | 'reward_model'), init_from
+           (a stage name) and branch.
+
+In a stage, `teachers` (MOPD: domain -> stage) and `reward_model` name
+stages, not directories; the runner resolves them. A stage starts from `init_from`
+(an earlier stage's name), by default the latest earlier main-line stage;
+`branch=True` keeps a stage off the main line (the paper's RLHF teacher is
+RLHF from SFT), and a reward model is always off it. MOPD names its
+teachers by domain -> stage; an RL stage may take its reward from a
+reward-model stage. Every name is checked before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+KINDS = ('sft', 'grpo', 'mopd', 'reward_model')
+_META = ('kind', 'init_from', 'branch')
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  name: str
+  kind: str
+  init_from: str            # an earlier stage's name ('' for the first SFT)
+  branch: bool              # off the main line: later stages do not follow it
+  teachers: dict[str, str]  # MOPD: domain -> stage
+  reward_model: str         # a reward-model stage whose scores are the reward
+  config: ml_collections.ConfigDict   # the runner's config, names unresolved
+
+
+def plan(config: ml_collections.ConfigDict) -> list[Stage]:
+  """Checks the cascade and resolves every stage's starting point."""
+  names = [n.strip() for n in config.order.split(',') if n.strip()]
+  if not names:
+    raise ValueError('cascade: config.order lists no stages')
+  if len(set(names)) != len(names):
+    raise ValueError(f'cascade: a stage is listed twice in order {names}')
+  unknown = [n for n in names if n not in config.stages]
+  if unknown:
+    raise KeyError(f'cascade: order names stages {unknown} that '
+                   f'config.stages does not define (defined: '
+                   f'{sorted(config.stages)})')
+  stages, main_line = [], ''
+  for i, name in enumerate(names):
+    spec = config.stages[name].to_dict()
+    kind = spec.get('kind')
+    if kind not in KINDS:
+      raise ValueError(f'cascade stage {name!r}: kind {kind!r} is not one of '
+                       f'{KINDS}')
+    earlier = names[:i]
+    init = spec.get('init_from') or main_line
+    if kind == 'sft' and not spec.get('init_from'):
+      init = ''
+    elif not init:
+      raise ValueError(f'cascade stage {name!r} ({kind}) has nothing to start '
+                       'from: put an SFT stage first or set init_from')
+    elif init not in earlier:
+      raise ValueError(f'cascade stage {name!r}: init_from {init!r} is not an '
+                       f'earlier stage (earlier: {earlier})')
+    teachers = {d: t for d, t in (spec.get('teachers') or {}).items() if t}
+    for dom, t in teachers.items():
+      if t not in earlier:
+        raise ValueError(f'cascade stage {name!r}: teacher for {dom!r} is '
+                         f'{t!r}, not an earlier stage (earlier: {earlier})')
+    if kind == 'mopd' and not teachers:
+      raise ValueError(f'cascade stage {name!r}: MOPD needs teachers '
+                       '(domain -> stage)')
+    rm = spec.get('reward_model') or ''
+    if rm and (rm not in earlier or config.stages[rm].kind != 'reward_model'):
+      raise ValueError(f'cascade stage {name!r}: reward_model {rm!r} is not an '
+                       'earlier reward_model stage')
+    branch = bool(spec.get('branch', False)) or kind == 'reward_model'
+    if kind in ('grpo', 'mopd') and spec['rl']['algorithm'] != kind:
+      raise ValueError(f'cascade stage {name!r}: kind {kind!r} but '
+                       f"rl.algorithm {spec['rl']['algorithm']!r}")
+    cfg = ml_collections.ConfigDict(
+        {k: v for k, v in spec.items() if k not in _META})
+    stages.append(Stage(name, kind, init, branch, teachers, rm, cfg))
+    if not branch:
+      main_line = name
+  return stages

@@ -1,0 +1,120 @@
+"""Runs a cascade: each stage from its starting stage's checkpoint, every domain scored after each.
+
+  <workdir>/config.json             the resolved cascade config
+  <workdir>/<stage>/                the stage's own run directory
+  <workdir>/<stage>/stage.json      written when the stage is done: kind,
+                                    start, seconds, scores on every domain
+  <workdir>/report/                 the report (see cascade_jax.report)
+
+Started again after a kill, finished stages (stage.json present) are
+skipped and the unfinished one resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import ml_collections
+
+from cascade_jax import reward_model
+from cascade_jax import rl
+from cascade_jax import rollout
+from cascade_jax import sft
+from cascade_jax import train
+from cascade_jax.cascade._plan import plan
+from cascade_jax.cascade._plan import Stage
+
+
+def stage_dir(workdir: str, name: str) -> str:
+  return os.path.join(workdir, name)
+
+
+def runner_config(stage: Stage, workdir: str,
+                  seed: int) -> ml_collections.ConfigDict:
+  """The stage's runner config: stage names resolved to run directories,
+  and the cascade's seed."""
+  c = ml_collections.ConfigDict(stage.config.to_dict())
+  c.seed = seed
+  if stage.init_from:
+    c.init_from = stage_dir(workdir, stage.init_from)
+  if stage.kind in ('grpo', 'mopd'):
+    c.teachers = ml_collections.ConfigDict(
+        {d: stage_dir(workdir, t) for d, t in stage.teachers.items()})
+    c.reward_model = (stage_dir(workdir, stage.reward_model)
+                      if stage.reward_model else '')
+    c.eval_n = 0          # the cascade scores every domain itself
+  if stage.kind == 'sft':
+    c.eval_n = 0
+  return c
+
+
+def eval_sets(config: ml_collections.ConfigDict) -> dict[str, list[dict]]:
+  """The fixed eval split of every SFT domain: one per matrix column."""
+  first_sft = next(s for s in plan(config) if s.kind == 'sft')
+  c = ml_collections.ConfigDict(first_sft.config.to_dict())
+  c.eval_n, c.seed = config.eval_n, config.seed
+  return sft.eval_sets(c)
+
+
+def score_stage(run_dir: str, evals) -> dict[str, dict]:
+  _, model, tok = train.restore_run(run_dir)
+  scores = rollout.evaluate_model(model, tok, evals)
+  return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n)
+          for d, s in scores.items()}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+  """Runs (or resumes) the cascade; returns every stage's record."""
+  stages = plan(config)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  evals = eval_sets(config)
+  records = []
+  t_start = time.perf_counter()
+  for i, st in enumerate(stages):
+    d = stage_dir(workdir, st.name)
+    done = os.path.join(d, 'stage.json')
+    head = (f'[cascade] stage {i + 1}/{len(stages)} {st.name} ({st.kind}'
+            + (f' from {st.init_from}' if st.init_from else '')
+            + (', branch' if st.branch else '') + ')')
+    if os.path.exists(done):
+      with open(done) as f:
+        records.append(json.load(f))
+      print(f'{head}: done earlier, skipped')
+      continue
+    print(f'{head}: running', flush=True)
+    c = runner_config(st, workdir, config.seed)
+    t0 = time.perf_counter()
+    extra = {}
+    if st.kind == 'sft':
+      sft.run(c, d)
+    elif st.kind == 'reward_model':
+      extra = reward_model.train_run(c, d)
+    else:
+      rl.run(c, d)
+    train_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    scores = {} if st.kind == 'reward_model' else score_stage(d, evals)
+    rec = dict(name=st.name, kind=st.kind, init_from=st.init_from,
+               branch=st.branch, teachers=st.teachers,
+               reward_model=st.reward_model, domains=_domains(st),
+               train_s=train_s, eval_s=time.perf_counter() - t0,
+               scores=scores, **extra)
+    with open(done + '.tmp', 'w') as f:
+      json.dump(rec, f, indent=2)
+    os.replace(done + '.tmp', done)   # a stage is done only once this exists
+    records.append(rec)
+    print(f'[cascade] {st.name} done in {train_s:.0f}s (+{rec["eval_s"]:.0f}s '
+          f'eval); {time.perf_counter() - t_start:.0f}s so far', flush=True)
+  return records
+
+
+def _domains(st: Stage) -> list[str]:
+  if st.kind in ('grpo', 'mopd'):
+    return [x.strip() for x in st.config.data.domain.split(',') if x.strip()]
+  if st.kind == 'reward_model':
+    return ['preference']
+  return []

@@ -1,0 +1,8 @@
+"""Reports: PNG curves and matrices, and the cascade's forgetting-matrix report."""
+
+from cascade_jax.report._plots import plot_curves
+from cascade_jax.report._plots import plot_matrix
+from cascade_jax.report._plots import read_metrics
+from cascade_jax.report._cascade import cascade_report
+from cascade_jax.report._cascade import deltas
+from cascade_jax.report._cascade import matrix

@@ -1,0 +1,123 @@
+"""The cascade's report: the forgetting matrix (stages x domains), per-stage changes, curves, times.
+
+Written to <workdir>/report/: report.json (for machines), report.md (tables
+with the PNGs inlined), matrix.png, deltas.png, curves.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from cascade_jax import utils
+from cascade_jax.report._plots import plot_curves
+from cascade_jax.report._plots import plot_matrix
+from cascade_jax.report._plots import read_metrics
+
+SHORT = {'instruction_following': 'IF', 'multi_domain': 'multi',
+         'long_context': 'long', 'preference': 'pref'}
+
+
+def matrix(records: Sequence[dict], key: str = 'pass_rate'
+           ) -> tuple[list[str], list[str], np.ndarray]:
+  """(stage names, domains, [stages, domains]) over the stages that were scored."""
+  scored = [r for r in records if r.get('scores')]
+  doms = sorted({d for r in scored for d in r['scores']})
+  vals = np.asarray([[r['scores'].get(d, {}).get(key, np.nan) for d in doms]
+                     for r in scored], np.float64).reshape(len(scored),
+                                                           len(doms))
+  return [r['name'] for r in scored], doms, vals
+
+
+def deltas(records: Sequence[dict], key: str = 'pass_rate') -> np.ndarray:
+  """Each stage's change on every domain against the stage it started from."""
+  names, _, vals = matrix(records, key)
+  out = np.full_like(vals, np.nan)
+  for i, r in enumerate(r for r in records if r.get('scores')):
+    if r['init_from'] in names:
+      out[i] = vals[i] - vals[names.index(r['init_from'])]
+  return out
+
+
+def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
+  """Writes the report; returns {'markdown', 'json', 'table'} (table: text)."""
+  out_dir = os.path.join(workdir, 'report')
+  os.makedirs(out_dir, exist_ok=True)
+  names, doms, vals = matrix(records)
+  dvals = deltas(records)
+  by_name = {r['name']: r for r in records}
+  cols = [SHORT.get(d, d) for d in doms]
+
+  def row_label(n):
+    r = by_name[n]
+    own = ','.join(SHORT.get(d, d) for d in r.get('domains', []))
+    return f'{n} [{own}]' if own else n
+
+  plot_matrix(vals, [row_label(n) for n in names], cols,
+              os.path.join(out_dir, 'matrix.png'),
+              title='Greedy pass rate after each stage')
+  plot_matrix(dvals, [row_label(n) for n in names], cols,
+              os.path.join(out_dir, 'deltas.png'), diverging=True,
+              fmt='{:+.2f}',
+              title='Change against the stage each one started from')
+  series = {}
+  for r in records:
+    path = os.path.join(workdir, r['name'], 'rl_metrics.jsonl')
+    if r['kind'] in ('grpo', 'mopd') and os.path.exists(path):
+      label = r['name'] + (' (reward model)' if r.get('reward_model') else '')
+      series[label] = read_metrics(path, 'reward_mean')
+  plot_curves(series, os.path.join(out_dir, 'curves.png'),
+              title='Sampled reward per RL stage (verifier or reward model)',
+              ylabel='mean reward')
+
+  header = ['stage', 'kind', 'from'] + cols + ['train s', 'eval s']
+  rows = []
+  for n, v in zip(names, vals):
+    r = by_name[n]
+    own = set(r.get('domains', []))
+    cells = [f"{x:.3f}{'*' if d in own else ''}" for d, x in zip(doms, v)]
+    rows.append([n, r['kind'], r['init_from'] or '-'] + cells +
+                [round(r['train_s']), round(r['eval_s'])])
+  table = utils.format_table(header, rows)
+  own_gains = {n: {d: float(dv[doms.index(d)]) for d in by_name[n]['domains']
+                   if d in doms}
+               for n, dv in zip(names, dvals)
+               if by_name[n]['kind'] in ('grpo', 'mopd')}
+  rm = [r for r in records if r['kind'] == 'reward_model']
+  total = sum(r['train_s'] + r['eval_s'] for r in records)
+  data = dict(stages=list(records), domains=doms, matrix_stages=names,
+              pass_rate=vals.tolist(), deltas=dvals.tolist(),
+              own_domain_change=own_gains, total_s=total,
+              reward_model={r['name']: dict(accuracy=r.get('accuracy'),
+                                            accuracy_before=r.get(
+                                                'accuracy_before'))
+                            for r in rm})
+  jpath = os.path.join(out_dir, 'report.json')
+  with open(jpath, 'w') as f:
+    json.dump(data, f, indent=2, default=_nan_safe)
+  md = ['# Cascade report', '',
+        f'{len(records)} stages, {total:.0f}s of stage time. Greedy pass '
+        'rate on every domain\'s eval split after each stage; * marks the '
+        "stage's own domains.", '', '```', table, '```', '',
+        '![pass rates](matrix.png)', '', '## What each stage changed', '',
+        'Against the stage it started from (its `from`):', '',
+        '![changes](deltas.png)', '']
+  for n, g in own_gains.items():
+    md.append(f'- {n}: ' + ', '.join(f'{SHORT.get(d, d)} {v:+.3f}'
+                                     for d, v in g.items()))
+  for r in rm:
+    md += ['', f"Reward model `{r['name']}`: held-out pairwise accuracy "
+           f"{r.get('accuracy', float('nan')):.3f} (before training "
+           f"{r.get('accuracy_before', float('nan')):.3f})."]
+  md += ['', '## Training curves', '', '![curves](curves.png)', '']
+  mpath = os.path.join(out_dir, 'report.md')
+  with open(mpath, 'w') as f:
+    f.write('\n'.join(md))
+  return dict(markdown=mpath, json=jpath, table=table)
+
+
+def _nan_safe(x):
+  return None if isinstance(x, float) and np.isnan(x) else str(x)

@@ -1,0 +1,121 @@
+"""The Nemotron-Cascade 2 pipeline as data, scaled down to run on a laptop CPU.
+
+  python -m experiments.cascade --config=configs/cascade.py --workdir=runs/cascade
+  python -m experiments.cascade --config=configs/cascade.py:quick --workdir=/tmp/c
+
+Stages run in `order`; each is its runner's full config (configs/sft.py,
+configs/rl.py, configs/reward_model.py) plus `kind`, `init_from` (a stage;
+default: the previous main-line stage) and `branch` (off the main line).
+Reorder, drop or add stages from the command line or a copy of this file:
+
+  --config.order=sft,rm,rlhf,if_rl,multi_domain_rl,code_rl,swe_rl   # Cascade 1
+  --config.stages.code_rl.steps=40 --config.stages.code_rl.optim.lr=1e-4
+
+MOPD names its teachers by domain -> stage (math: the SFT checkpoint; IF:
+IF-RL; multi-domain: multi-domain RL; preference: the RLHF side branch),
+as in the paper. RLHF uses the Bradley-Terry reward model with KL 0.03.
+"""
+
+import ml_collections
+
+from configs import reward_model as rm_config
+from configs import rl as rl_config
+from configs import sft as sft_config
+
+DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
+                 'long_context_rl,code_rl,swe_rl')
+
+# RL stage -> (domain(s), levels, generator options, steps, lr, extra rl).
+RL_STAGES = {
+    'rlhf_branch': ('preference', (1, 2, 3), {}, 20, 2e-4,
+                    dict(kl_coef=0.03, dynamic_filtering=False)),
+    'if_rl': ('instruction_following', (1, 2, 3), {}, 25, 2e-4, {}),
+    'multi_domain_rl': ('multi_domain', (1, 2, 3), {}, 25, 2e-4, {}),
+    'rlhf': ('preference', (1, 2, 3), {}, 20, 2e-4,
+             dict(kl_coef=0.03, dynamic_filtering=False)),
+    'long_context_rl': ('long_context', (1, 2), {}, 25, 2e-4, {}),
+    'code_rl': ('code', (1, 2, 3), {'split_by': 'prompt'}, 25, 2e-4,
+                dict(top_p=0.95)),
+    'swe_rl': ('swe', (1, 2, 3), {'split_by': 'prompt'}, 25, 2e-4, {}),
+}
+MOPD_TEACHERS = {'math': 'sft', 'instruction_following': 'if_rl',
+                 'multi_domain': 'multi_domain_rl',
+                 'preference': 'rlhf_branch'}
+
+
+def _stage(kind, base, **meta):
+  c = ml_collections.ConfigDict(base.to_dict())
+  c.kind = kind
+  c.init_from = meta.get('init_from', '')
+  c.branch = meta.get('branch', False)
+  return c
+
+
+def _rl(name, quick):
+  dom, levels, options, steps, lr, extra = RL_STAGES[name]
+  c = _stage('grpo', rl_config.get_config('quick' if quick else None),
+             init_from='sft' if name == 'rlhf_branch' else '',
+             branch=name == 'rlhf_branch')
+  c.data = ml_collections.ConfigDict(dict(
+      domain=dom, n_train=2048, levels=levels, **options))
+  c.rl.prompts_per_step, c.rl.rollouts_per_prompt = 8, 8
+  c.rl.max_new_tokens = 48
+  for k, v in extra.items():
+    c.rl[k] = v
+  c.optim.lr = lr
+  c.steps = steps
+  c.checkpoint_every, c.keep_checkpoints, c.log_every = 10, 1, 5
+  if dom == 'preference':
+    c.reward_model = 'rm'
+  if quick:
+    c.steps, c.checkpoint_every = 2, 1
+    c.rl.prompts_per_step, c.rl.rollouts_per_prompt = 2, 4
+    c.rl.max_new_tokens = 16
+    c.data.n_train = 64
+  return c
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  quick = arg == 'quick'
+  if arg not in (None, '', 'quick'):
+    raise ValueError(f'configs/cascade.py: unknown argument {arg!r} '
+                     '(known: quick)')
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.order = DEFAULT_ORDER
+  c.eval_n = 8 if quick else 128     # eval prompts per domain after each stage
+  c.stages = ml_collections.ConfigDict()
+
+  s = _stage('sft', sft_config.get_config('quick' if quick else None))
+  if not quick:
+    s.steps = s.optim.decay_steps = 300
+  c.stages.sft = s
+
+  rm = _stage('reward_model', rm_config.get_config('quick' if quick else None),
+              init_from='sft', branch=True)
+  if not quick:
+    rm.steps, rm.eval_n = 40, 256
+  c.stages.rm = rm
+
+  for name in RL_STAGES:
+    c.stages[name] = _rl(name, quick)
+
+  m = _stage('mopd', rl_config.get_config('mopd'))
+  m.data = ml_collections.ConfigDict(dict(
+      domain=','.join(MOPD_TEACHERS), n_train=2048, levels=(1, 2, 3)))
+  m.teachers = ml_collections.ConfigDict(MOPD_TEACHERS)
+  m.rl.prompts_per_step, m.rl.rollouts_per_prompt = 16, 4
+  m.rl.max_new_tokens = 48
+  m.optim.lr = 2e-4
+  m.steps, m.checkpoint_every, m.keep_checkpoints, m.log_every = 25, 10, 1, 5
+  if quick:
+    m.steps, m.checkpoint_every = 2, 1
+    m.rl.prompts_per_step, m.rl.max_new_tokens, m.data.n_train = 2, 16, 64
+  c.stages.mopd = m
+  return c
+
+
+def sweep():
+  """The default cascade over three seeds (the forgetting matrix's spread)."""
+  for seed in (0, 1, 2):
+    yield {'config.seed': seed}

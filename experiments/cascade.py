@@ -1,0 +1,34 @@
+"""The main job: the whole cascade (SFT -> ... -> SWE RL) end to end, then its report.
+
+  python -m experiments.cascade --config=configs/cascade.py --workdir=runs/cascade
+
+Run the same command again after a kill: finished stages are skipped and
+the unfinished one resumes from its last checkpoint.
+"""
+
+import time
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from cascade_jax import cascade
+from cascade_jax import report
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', 'configs/cascade.py', 'Cascade config.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/cascade', 'Run directory.')
+
+
+def main(argv):
+  del argv
+  t0 = time.perf_counter()
+  records = cascade.run(_CONFIG.value, _WORKDIR.value)
+  out = report.cascade_report(_WORKDIR.value, records)
+  print(f'\n[cascade] finished in {time.perf_counter() - t0:.0f}s; report: '
+        f"{out['markdown']}\n")
+  print(out['table'])
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,105 @@
+"""The cascade: stages as data (checked up front), the quick cascade end to end, skip-and-resume, the report."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from cascade_jax import cascade
+from cascade_jax import report
+from configs import cascade as cascade_config
+
+
+def _names(stages):
+  return [(s.name, s.init_from) for s in stages]
+
+
+def test_default_order_follows_the_paper():
+  stages = cascade.plan(cascade_config.get_config())
+  assert [s.name for s in stages if not s.branch] == [
+      'sft', 'if_rl', 'multi_domain_rl', 'mopd', 'rlhf', 'long_context_rl',
+      'code_rl', 'swe_rl']
+  by = {s.name: s for s in stages}
+  assert by['rlhf_branch'].init_from == 'sft' and by['rlhf_branch'].branch
+  assert by['if_rl'].init_from == 'sft'        # not the branch before it
+  assert by['mopd'].teachers == {'math': 'sft', 'instruction_following': 'if_rl',
+                                 'multi_domain': 'multi_domain_rl',
+                                 'preference': 'rlhf_branch'}
+  assert by['rlhf'].reward_model == 'rm' and by['rlhf'].config.rl.kl_coef == 0.03
+
+
+def test_reordering_and_dropping_stages_is_a_config_change():
+  c = cascade_config.get_config()
+  c.order = 'sft,rm,rlhf,if_rl,code_rl,swe_rl'      # Nemotron-Cascade 1
+  assert _names(cascade.plan(c)) == [
+      ('sft', ''), ('rm', 'sft'), ('rlhf', 'sft'), ('if_rl', 'rlhf'),
+      ('code_rl', 'if_rl'), ('swe_rl', 'code_rl')]
+
+
+@pytest.mark.parametrize('change, match', [
+    (dict(order='sft,if_rl,nope'), "'nope'"),
+    (dict(order='if_rl,sft'), 'nothing to start from'),
+    (dict(order='sft,if_rl,if_rl'), 'twice'),
+    (dict(order='sft,if_rl,multi_domain_rl,mopd'), "'rlhf_branch'"),  # teacher
+    (dict(order='sft,rlhf'), "reward_model 'rm'"),
+])
+def test_bad_cascades_are_refused_before_running(change, match):
+  c = cascade_config.get_config()
+  for k, v in change.items():
+    c[k] = v
+  with pytest.raises((ValueError, KeyError), match=match):
+    cascade.plan(c)
+
+
+def test_bad_kind_is_named():
+  c = cascade_config.get_config()
+  c.stages.if_rl.kind = 'ppo'
+  with pytest.raises(ValueError, match="if_rl.*'ppo'"):
+    cascade.plan(c)
+
+
+def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
+  c = cascade_config.get_config('quick')
+  c.order = 'sft,rm,rlhf_branch,if_rl,mopd'
+  c.stages.mopd.teachers = dict(math='sft', instruction_following='if_rl',
+                                multi_domain='', preference='rlhf_branch')
+  c.stages.mopd.data.domain = 'math,instruction_following,preference'
+  records = cascade.run(c, str(tmp_path))
+  assert [r['name'] for r in records] == ['sft', 'rm', 'rlhf_branch', 'if_rl',
+                                         'mopd']
+  for r in records:
+    assert os.path.exists(tmp_path / r['name'] / 'stage.json')
+    assert json.load(open(tmp_path / r['name'] / 'config.json'))
+  assert 0.0 <= records[1]['accuracy'] <= 1.0                  # the RM
+  assert set(records[0]['scores']) == {
+      'code', 'instruction_following', 'long_context', 'math',
+      'multi_domain', 'preference', 'swe'}
+  # Again: everything is done, nothing runs.
+  capsys.readouterr()
+  again = cascade.run(c, str(tmp_path))
+  assert again == records
+  assert capsys.readouterr().out.count('skipped') == 5
+  out = report.cascade_report(str(tmp_path), records)
+  for f in ('matrix.png', 'deltas.png', 'curves.png', 'report.json'):
+    assert os.path.getsize(tmp_path / 'report' / f) > 0
+  data = json.load(open(out['json']))
+  assert data['matrix_stages'] == ['sft', 'rlhf_branch', 'if_rl', 'mopd']
+  d = np.asarray(data['deltas'], float)
+  pr = np.asarray(data['pass_rate'], float)
+  np.testing.assert_allclose(d[2], pr[2] - pr[0])   # if_rl against sft
+  assert 'if_rl' in out['table']
+
+
+def test_a_killed_stage_resumes(tmp_path):
+  c = cascade_config.get_config('quick')
+  c.order = 'sft,if_rl'
+  cascade.run(c, str(tmp_path))
+  # Pretend the RL stage was killed after its checkpoint at step 1.
+  os.remove(tmp_path / 'if_rl' / 'stage.json')
+  c.stages.if_rl.steps = 3
+  records = cascade.run(c, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / 'if_rl' / 'rl_metrics.jsonl')]
+  steps = [r['step'] for r in rows if 'reward_mean' in r]
+  assert steps == [1, 2, 3]          # 1-2 before the "kill", 3 after resume
+  assert records[-1]['name'] == 'if_rl'
