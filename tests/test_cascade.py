@@ -103,3 +103,36 @@ def test_a_killed_stage_resumes(tmp_path):
   steps = [r['step'] for r in rows if 'reward_mean' in r]
   assert steps == [1, 2, 3]          # 1-2 before the "kill", 3 after resume
   assert records[-1]['name'] == 'if_rl'
+
+
+def test_sweep_report_gives_mean_and_spread(tmp_path):
+  runs = []
+  for seed, (a, b) in enumerate([(0.2, 0.5), (0.4, 0.7), (0.3, 0.6)]):
+    d = tmp_path / f'seed{seed}' / 'report'
+    d.mkdir(parents=True)
+    json.dump(dict(matrix_stages=['sft', 'if_rl'], domains=['math', 'code'],
+                   pass_rate=[[a, b], [a + 0.1, b - 0.1]]),
+              open(d / 'report.json', 'w'))
+    runs.append(str(tmp_path / f'seed{seed}'))
+  out = report.cascade_sweep_report(runs, str(tmp_path))
+  data = json.load(open(out['json']))
+  np.testing.assert_allclose(data['mean'], [[0.3, 0.6], [0.4, 0.5]])
+  np.testing.assert_allclose(data['std'], [[0.1, 0.1], [0.1, 0.1]])
+  assert '0.300±0.100' in out['table']
+  assert os.path.getsize(tmp_path / 'sweep_matrix.png') > 0
+
+
+def test_sweep_launcher_prints_one_command_per_run(tmp_path):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run(
+      [sys.executable, '-m', 'experiments.sweep', '--experiment=cascade',
+       '--config=configs/cascade.py', f'--workdir={tmp_path}', '--dry_run'],
+      cwd=root, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  lines = [l for l in r.stdout.splitlines() if l.startswith('[sweep] run')]
+  assert len(lines) == 3
+  for seed, line in enumerate(lines):
+    assert f'--config.seed={seed}' in line
+    assert f'--workdir={tmp_path}/seed={seed}' in line

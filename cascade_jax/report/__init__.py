@@ -6,3 +6,4 @@ from cascade_jax.report._plots import read_metrics
 from cascade_jax.report._cascade import cascade_report
 from cascade_jax.report._cascade import deltas
 from cascade_jax.report._cascade import matrix
+from cascade_jax.report._cascade import cascade_sweep_report

@@ -121,3 +121,40 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
 
 def _nan_safe(x):
   return None if isinstance(x, float) and np.isnan(x) else str(x)
+
+
+def cascade_sweep_report(run_dirs: Sequence[str], out_dir: str) -> dict:
+  """The forgetting matrix over several runs (seeds): mean and spread.
+
+  Reads each run's stage records; stages and domains must match. Writes
+  sweep_report.json / .md and sweep_matrix.png (mean, ± std in each cell).
+  """
+  mats, names, doms = [], None, None
+  for d in run_dirs:
+    with open(os.path.join(d, 'report', 'report.json')) as f:
+      rep = json.load(f)
+    if names is not None and (rep['matrix_stages'] != names or
+                              rep['domains'] != doms):
+      raise ValueError(f'{d}: its stages / domains differ from the first run')
+    names, doms = rep['matrix_stages'], rep['domains']
+    mats.append(np.asarray(rep['pass_rate'], np.float64))
+  stack = np.stack(mats)
+  mean, std = stack.mean(0), stack.std(0, ddof=1 if len(mats) > 1 else 0)
+  cols = [SHORT.get(x, x) for x in doms]
+  os.makedirs(out_dir, exist_ok=True)
+  plot_matrix(mean, names, cols, os.path.join(out_dir, 'sweep_matrix.png'),
+              spread=std, title=f'Pass rate after each stage: mean ± std over '
+              f'{len(mats)} runs')
+  rows = [[n] + [f'{m:.3f}±{s:.3f}' for m, s in zip(mr, sr)]
+          for n, mr, sr in zip(names, mean, std)]
+  table = utils.format_table(['stage'] + cols, rows)
+  jpath = os.path.join(out_dir, 'sweep_report.json')
+  with open(jpath, 'w') as f:
+    json.dump(dict(runs=list(run_dirs), stages=names, domains=doms,
+                   mean=mean.tolist(), std=std.tolist()), f, indent=2)
+  mpath = os.path.join(out_dir, 'sweep_report.md')
+  with open(mpath, 'w') as f:
+    f.write(f'# Cascade over {len(mats)} runs\n\nGreedy pass rate, mean ± '
+            f'standard deviation across runs.\n\n```\n{table}\n```\n\n'
+            '![matrix](sweep_matrix.png)\n')
+  return dict(markdown=mpath, json=jpath, table=table)
