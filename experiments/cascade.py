@@ -14,6 +14,7 @@ from ml_collections import config_flags
 
 from cascade_jax import cascade
 from cascade_jax import report
+from cascade_jax import utils
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/cascade.py', 'Cascade config.', lock_config=True)
@@ -22,6 +23,7 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/cascade', 'Run directory.')
 
 def main(argv):
   del argv
+  utils.quiet_logs()
   t0 = time.perf_counter()
   records = cascade.run(_CONFIG.value, _WORKDIR.value)
   out = report.cascade_report(_WORKDIR.value, records)

@@ -9,6 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cascade_jax import reward_model
+from cascade_jax import utils
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/reward_model.py', 'Reward model config.',
@@ -19,6 +20,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.',
 
 def main(argv):
   del argv
+  utils.quiet_logs()
   reward_model.train_run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -9,6 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cascade_jax import rl
+from cascade_jax import utils
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/rl.py', 'RL stage config.', lock_config=True)
@@ -18,6 +19,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.',
 
 def main(argv):
   del argv
+  utils.quiet_logs()
   rl.run(_CONFIG.value, _WORKDIR.value)
 
 

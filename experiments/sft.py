@@ -8,6 +8,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cascade_jax import sft
+from cascade_jax import utils
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/sft.py', 'SFT config.', lock_config=True)
@@ -17,6 +18,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.',
 
 def main(argv):
   del argv
+  utils.quiet_logs()
   sft.run(_CONFIG.value, _WORKDIR.value)
 
 

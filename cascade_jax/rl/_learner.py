@@ -118,6 +118,14 @@ class PromptStream:
   records: Sequence[dict]
   seed: int = 0
   position: int = 0
+  _width: int | None = dataclasses.field(default=None, repr=False)
+
+  def prompt_width(self, tok: data.Tokenizer) -> int:
+    """Tokens in the longest prompt of the stream (computed once)."""
+    if self._width is None:
+      self._width = max(len(data.encode_prompt(tok, r['messages']))
+                        for r in self.records)
+    return self._width
 
   def take(self, n: int) -> list[dict]:
     out = []
@@ -144,6 +152,10 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
             key: jax.Array, reward_fn: RewardFn = verifier_rewards):
   """Rollouts for one step, after dynamic filtering and refills.
 
+  Prompts are left-padded to `stream.prompt_width` (the stream's longest
+  prompt, bucketed), so every step has the same shapes and nothing
+  recompiles.
+
   Returns (batch dict of numpy arrays, rewards [B], records [B], stats).
   """
   g = cfg.rollouts_per_prompt
@@ -160,7 +172,8 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
     key, sub = jax.random.split(key)
     t0 = time.perf_counter()
-    ptoks, plens = rollout.pad_prompts(prompts, sc.prompt_bucket, tok.pad_id)
+    ptoks, plens = rollout.pad_prompts(prompts, sc.prompt_bucket, tok.pad_id,
+                                       width=stream.prompt_width(tok))
     ro = rollout.generate_padded(policy, ptoks, plens, cfg=sc,
                                  stop_id=tok.im_end, pad_id=tok.pad_id,
                                  key=sub, record_experts=cfg.routing_replay)

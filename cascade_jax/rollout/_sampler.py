@@ -155,12 +155,16 @@ _EXPERT_IN_WEIGHTS = ('w_gate_edf', 'w_up_edf')
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], bucket: int,
-                pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-  """Left-pads to the bucketed maximum length: ([B, P], lengths [B])."""
+                pad_id: int, *, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Left-pads to the bucketed maximum length, or at least `width`: ([B, P], lengths [B]).
+
+  A fixed `width` (the longest prompt a run can see) gives every batch one
+  shape: one sampler compile, one learner compile.
+  """
   if not prompts or any(len(x) == 0 for x in prompts):
     raise ValueError('every prompt must have at least one token')
   longest = max(len(x) for x in prompts)
-  p = -(-longest // bucket) * bucket
+  p = max(-(-longest // bucket) * bucket, width)
   out = np.full((len(prompts), p), pad_id, np.int32)
   for i, x in enumerate(prompts):
     out[i, p - len(x):] = x
