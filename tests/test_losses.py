@@ -8,11 +8,21 @@ import numpy as np
 import pytest
 
 from cascade_jax import losses
+from cascade_jax.losses import _reward
 from cascade_jax.losses import _rl
 
 
-def test_docstring_examples_run():
-  assert doctest.testmod(_rl, extraglobs={'jnp': jnp}).failed == 0
+@pytest.mark.parametrize('module', [_rl, _reward])
+def test_docstring_examples_run(module):
+  result = doctest.testmod(module, extraglobs={'jnp': jnp})
+  assert result.attempted > 0 and result.failed == 0
+
+
+def test_bradley_terry_gradient_pushes_the_pair_apart():
+  g = jax.grad(lambda c, r: losses.bradley_terry_loss(c, r)[0],
+               argnums=(0, 1))(jnp.array([0.5]), jnp.array([0.5]))
+  # At a tie, d/dr_c = -sigmoid(0) = -0.5 (raise chosen), d/dr_r = +0.5.
+  np.testing.assert_allclose([g[0][0], g[1][0]], [-0.5, 0.5], atol=1e-6)
 
 
 @pytest.mark.parametrize('scale, loo, want', [

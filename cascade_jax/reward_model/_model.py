@@ -29,6 +29,7 @@ from flax import nnx
 from cascade_jax import checkpoint
 from cascade_jax import data
 from cascade_jax import domains
+from cascade_jax import losses
 from cascade_jax import metrics as metrics_lib
 from cascade_jax import model as model_lib
 from cascade_jax import train
@@ -70,25 +71,19 @@ def encode_pairs(tok: data.Tokenizer, records: Sequence[dict],
   return toks, last
 
 
-def bt_loss(scores_chosen, scores_rejected):
-  """(-mean log sigmoid(r_c - r_r), accuracy)."""
-  margin = scores_chosen - scores_rejected
-  return -jnp.mean(jax.nn.log_sigmoid(margin)), jnp.mean(margin > 0)
-
-
 @functools.partial(jax.jit, static_argnames=('graph', 'opt'), donate_argnums=0)
 def _train_step(state, batch, *, graph, opt):
   def loss_fn(params):
     rm = nnx.merge(graph, params, state.rest)
     s = rm(batch['tokens'], batch['last'])
     n = s.shape[0] // 2
-    return bt_loss(s[:n], s[n:])
+    return losses.bradley_terry_loss(s[:n], s[n:])
 
-  (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = opt.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   return train.TrainState(params, state.rest, opt_state, state.step + 1), dict(
-      loss=loss, accuracy=acc, grad_norm=optax.global_norm(grads))
+      m, loss=loss, grad_norm=optax.global_norm(grads))
 
 
 @functools.partial(jax.jit, static_argnames=('graph',))
