@@ -1,6 +1,10 @@
 """Instruction following (IFEval style): responses under checkable constraints.
 
 The reward is the fraction of constraints met; `passed` means all of them.
+Every prompt also asks to write about a topic: a generated record keeps it
+(`topic`), and the response must use at least one of the topic's words,
+counted as one more constraint (without it, "do not use X" or "at most 3
+words" rewards any short generic reply, and RL finds that in a few steps).
 Levels: 1, 2 or 3 constraints per prompt. Constraint kinds: word counts
 (exactly / at most / at least), all lowercase, all capitals, required and
 forbidden words, first and last word, bullet lists, JSON objects with keys.
@@ -73,6 +77,11 @@ def check(c: dict, text: str) -> bool:
   raise ValueError(f'unknown constraint type {kind!r}')
 
 
+def on_topic(topic: str, text: str) -> bool:
+  """The response uses at least one of the topic's words."""
+  return bool(set(TOPICS[topic]) & {w.lower() for w in words(text)})
+
+
 def describe(c: dict) -> str:
   kind = c['type']
   if kind == 'word_count':
@@ -111,6 +120,8 @@ def _make(rng: random.Random, level: int):
     pool = ['word_count', 'include', 'exclude', 'start_with', 'end_with',
             'case']
     picks = rng.sample(pool, level) if level > 1 else [rng.choice(pool)]
+    if 'start_with' in picks and 'end_with' in picks:
+      n = max(n, 3)   # a topic word between the first and the last
     body = rng.sample(vocab, n)
     if 'word_count' in picks:
       relation = rng.choice(('exactly', 'at_most', 'at_least'))
@@ -151,7 +162,7 @@ def _make(rng: random.Random, level: int):
   prompt = f'Write about {topic}. ' + ' '.join(describe(c) for c in cons)
   key = json.dumps([topic, sorted(json.dumps(c, sort_keys=True) for c in cons)])
   return key, dict(messages=_base.user(prompt), constraints=cons,
-                   response=response)
+                   response=response, topic=topic)
 
 
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
@@ -169,6 +180,8 @@ def verify(records, responses, *, sandbox=None):
     # Every prompt asks for writing: saying nothing meets no constraint
     # (else "at most 3 words" or "do not use X" would reward silence).
     met = [bool(words(text)) and check(c, text) for c in rec['constraints']]
+    if rec.get('topic') in TOPICS:
+      met.append(on_topic(rec['topic'], text))
     out.append(_base.Score(sum(met) / max(len(met), 1), all(met),
                            {'met': met}))
   return out
