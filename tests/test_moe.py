@@ -52,6 +52,11 @@ def test_capacity_slots_by_hand():
   slot, keep = model.capacity_slots(idx, num_experts=2, cap=2)
   np.testing.assert_array_equal(keep, [[1, 1], [1, 0], [1, 0]])
   np.testing.assert_array_equal(slot, [[0, 3], [1, 4], [2, 4]])
+  # t0 is padding: it takes no slot, so t1's and t2's second choices fit.
+  slot, keep = model.capacity_slots(idx, num_experts=2, cap=2,
+                                    valid_n=jnp.array([False, True, True]))
+  np.testing.assert_array_equal(keep, [[0, 0], [1, 1], [1, 1]])
+  np.testing.assert_array_equal(slot, [[4, 4], [0, 3], [2, 1]])
 
 
 @pytest.mark.parametrize('score_fn', ['softmax', 'sigmoid'])

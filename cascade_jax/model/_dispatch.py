@@ -149,30 +149,33 @@ def capacity(num_tokens: int, top_k: int, num_experts: int,
   return max(1, math.ceil(factor * num_tokens * top_k / num_experts))
 
 
-def capacity_slots(idx_nk, num_experts: int, cap: int):
+def capacity_slots(idx_nk, num_experts: int, cap: int, valid_n=None):
   """Slot of each (token, choice) pair in an [E * C] buffer, and whether kept.
 
   First choices of all tokens take precedence over second choices, and so on
   (GShard); within a choice rank, earlier tokens first. A dropped pair gets
-  slot E * C (the padding row).
+  slot E * C (the padding row). Tokens with `valid_n` False (padding) take
+  no slot, so they never push a real token out of an expert.
   """
   n, k = idx_nk.shape
   e_kn = idx_nk.T.reshape(-1)  # choice-major priority
+  if valid_n is not None:      # padding sorts after every expert
+    e_kn = jnp.where(jnp.tile(valid_n, k), e_kn, num_experts)
   order = jnp.argsort(e_kn, stable=True)
-  counts = jnp.bincount(e_kn, length=num_experts)
+  counts = jnp.bincount(e_kn, length=num_experts + 1)
   starts = jnp.cumsum(counts) - counts
   rank_sorted = jnp.arange(n * k) - starts[e_kn[order]]
   rank = jnp.zeros((n * k,), jnp.int32).at[order].set(rank_sorted)
-  keep = rank < cap
+  keep = (rank < cap) & (e_kn < num_experts)
   slot = jnp.where(keep, e_kn * cap + rank, num_experts * cap)
   return slot.reshape(k, n).T, keep.reshape(k, n).T
 
 
 def _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
-              tensor_axes):
+              tensor_axes, valid_n=None):
   n, k = idx_nk.shape
   d = x_nd.shape[-1]
-  slot_nk, keep_nk = capacity_slots(idx_nk, num_experts, cap)
+  slot_nk, keep_nk = capacity_slots(idx_nk, num_experts, cap, valid_n)
   num_slots = num_experts * cap
   # Which pair fills each slot (n*k+j, or n*k when empty), for the backward pass.
   pair_of_slot = jnp.full((num_slots + 1,), n * k, jnp.int32).at[
@@ -201,8 +204,8 @@ def _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
 # ------------------------------------------------------------------ entry
 
 
-def expert_forward(x_nd, idx_nk, w_nk, ws, *, act: str, dispatch: str,
-                   num_experts: int, capacity_factor: float,
+def expert_forward(x_nd, idx_nk, w_nk, ws, valid_n=None, *, act: str,
+                   dispatch: str, num_experts: int, capacity_factor: float,
                    expert_axes: Axes = (), tensor_axes: Axes = ()):
   """Weighted expert outputs for this shard's tokens.
 
@@ -211,6 +214,8 @@ def expert_forward(x_nd, idx_nk, w_nk, ws, *, act: str, dispatch: str,
     idx_nk: [N, k] chosen experts (global ids); w_nk: [N, k] gate weights.
     ws: (w_gate [E_loc, D, F_loc], w_up or None, w_down [E_loc, F_loc, D]),
       this shard's experts (E_loc = E / expert-axis size) and width slice.
+    valid_n: [N] bool, False for padding (takes no capacity slot); None:
+      every token is real.
     expert_axes / tensor_axes: mesh axes splitting experts / expert width.
 
   Returns:
@@ -220,7 +225,7 @@ def expert_forward(x_nd, idx_nk, w_nk, ws, *, act: str, dispatch: str,
     cap = capacity(x_nd.shape[0], idx_nk.shape[1], num_experts,
                    capacity_factor)
     return _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap,
-                     expert_axes, tensor_axes)
+                     expert_axes, tensor_axes, valid_n)
   local = {'dense': _dense_local, 'ragged': _ragged_local}[dispatch]
   keep = jnp.ones(idx_nk.shape, bool)
   ep = _axis_size(expert_axes)

@@ -128,7 +128,8 @@ class MoE(nnx.Module):
     ws = (self.w_gate_edf[...].astype(dt),
           None if self.w_up_edf is None else self.w_up_edf[...].astype(dt),
           self.w_down_efd[...].astype(dt))
-    y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk, ws,
+    valid_n = None if valid_bt is None else valid_bt.reshape(b * t)
+    y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk, ws, valid_n,
                                   dispatch or m.dispatch)
     if self.shared is not None:
       y_nd = y_nd + self.shared(x_nd)
@@ -146,13 +147,13 @@ class MoE(nnx.Module):
     stats['expert_idx'] = idx_nk.reshape(b, t, -1)
     return y_nd.reshape(b, t, d), stats
 
-  def _experts(self, x_nd, idx_nk, w_nk, ws, dispatch):
+  def _experts(self, x_nd, idx_nk, w_nk, ws, valid_n, dispatch):
     m = self.cfg
     fn = functools.partial(
         _dispatch.expert_forward, act=m.activation, dispatch=dispatch,
         num_experts=m.num_experts, capacity_factor=m.capacity_factor)
     if self.ctx is None:
-      return fn(x_nd, idx_nk, w_nk, ws)
+      return fn(x_nd, idx_nk, w_nk, ws, valid_n)
 
     ctx = self.ctx
     batch_axes = ctx.mesh_axes('batch')
@@ -167,9 +168,10 @@ class MoE(nnx.Module):
     tok = P(batch_axes or None)
     fn = functools.partial(fn, expert_axes=expert_axes, tensor_axes=tensor_axes)
     in_specs = (tok, tok, tok,
-                (w_spec, None if ws[1] is None else w_spec, down_spec))
+                (w_spec, None if ws[1] is None else w_spec, down_spec),
+                None if valid_n is None else tok)
     return jax.shard_map(fn, mesh=ctx.mesh, in_specs=in_specs,
-                         out_specs=(tok, tok))(x_nd, idx_nk, w_nk, ws)
+                         out_specs=(tok, tok))(x_nd, idx_nk, w_nk, ws, valid_n)
 
 
 def _spec_axes(entry) -> tuple[str, ...]:
