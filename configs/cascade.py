@@ -33,10 +33,12 @@ RL_STAGES = {
     'multi_domain_rl': ('multi_domain', (1, 2, 3), {}, 25, 2e-4, {}),
     'rlhf': ('preference', (1, 2, 3), {}, 20, 2e-4,
              dict(kl_coef=0.03, dynamic_filtering=False)),
-    'long_context_rl': ('long_context', (1, 2), {}, 25, 2e-4, {}),
-    'code_rl': ('code', (1, 2, 3), {'split_by': 'prompt'}, 25, 2e-4,
-                dict(top_p=0.95)),
-    'swe_rl': ('swe', (1, 2, 3), {'split_by': 'prompt'}, 25, 2e-4, {}),
+    'long_context_rl': ('long_context', (1, 2), {}, 15, 2e-4, {}),
+    # Code and SWE run every rollout in the sandbox: fewer steps, one refill.
+    'code_rl': ('code', (1, 2, 3), {'split_by': 'prompt'}, 12, 2e-4,
+                dict(top_p=0.95, max_refill_rounds=1)),
+    'swe_rl': ('swe', (1, 2, 3), {'split_by': 'prompt'}, 12, 2e-4,
+               dict(max_refill_rounds=1)),
 }
 MOPD_TEACHERS = {'math': 'sft', 'instruction_following': 'if_rl',
                  'multi_domain': 'multi_domain_rl',
