@@ -15,7 +15,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed = 0
   c.init_from = ''
   c.data = ml_collections.ConfigDict(dict(n_train=2048, levels=(1, 2, 3),
-                                          seq_len=64))
+                                          seq_len=64,
+                                          cross_prompt_negatives=True))
   c.optim = ml_collections.ConfigDict(dict(
       lr=3e-4, warmup_steps=10, decay_steps=100, end_lr_frac=0.1, b1=0.9,
       b2=0.98, weight_decay=0.0, clip_norm=1.0, schedule='cosine',

@@ -72,3 +72,15 @@ def test_learns_to_prefer_the_chosen_response(tok):
 def test_missing_reward_model_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match='reward model: no checkpoint'):
     reward_model.load(str(tmp_path / 'nope'))
+
+
+def test_cross_prompt_negatives_pair_answers_to_other_questions(tok):
+  from cascade_jax.reward_model import _model
+  recs = [dict(r, topic=t, chosen=f'{t} ok.', rejected='bad.')
+          for r, t in zip(_recs(3), ['cats', 'cats', 'rain'])]
+  b = _model._pair_batch(tok, recs, 32, cross_prompt=True)
+  assert b['tokens'].shape[0] == 12          # 3 pairs + 3 cross pairs, x2
+  decoded = [tok.decode([x for x in row if x not in (tok.pad_id,)])
+             for row in b['tokens']]
+  # Negatives of the cross pairs: an answer about another topic.
+  assert 'rain ok.' in decoded[9] and 'cats ok.' in decoded[11]

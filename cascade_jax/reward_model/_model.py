@@ -91,9 +91,28 @@ def _scores(graph, params, rest, tokens, last):
   return nnx.merge(graph, params, rest)(tokens, last)
 
 
-def _pair_batch(tok, recs, seq_len):
-  t, last = encode_pairs(tok, recs + recs, [r['chosen'] for r in recs] +
-                         [r['rejected'] for r in recs], seq_len)
+def _pair_batch(tok, recs, seq_len, cross_prompt=False):
+  """Chosen then rejected responses of each pair, [2B, T].
+
+  With `cross_prompt`, B more pairs rank each prompt's chosen response above
+  the chosen response of the next record on another question: an answer to
+  a different question is worse. Without them the model only ever compares
+  two answers to the same question, and RL finds off-topic answers it
+  scores highly.
+  """
+  chosen = [r['chosen'] for r in recs]
+  rejected = [r['rejected'] for r in recs]
+  if cross_prompt:
+    n = len(recs)
+    # The question a record asks: its topic when it has one (two phrasings
+    # of one topic accept the same answers), else its prompt.
+    prompt = lambda r: r.get('topic') or r['messages'][-1]['content']
+    other = [next((recs[(i + j) % n] for j in range(1, n)
+                   if prompt(recs[(i + j) % n]) != prompt(recs[i])), recs[i])
+             for i in range(n)]
+    recs = recs + recs
+    chosen, rejected = chosen + chosen, rejected + [o['chosen'] for o in other]
+  t, last = encode_pairs(tok, recs + recs, chosen + rejected, seq_len)
   return dict(tokens=t, last=last)
 
 
@@ -142,7 +161,9 @@ def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   bs = config.batch_size
   for step in range(start, config.steps):
     lo = (step * bs) % max(len(pairs) - bs, 1)
-    batch = _pair_batch(tok, list(pairs[lo:lo + bs]), config.data.seq_len)
+    batch = _pair_batch(tok, list(pairs[lo:lo + bs]), config.data.seq_len,
+                        cross_prompt=config.data.get('cross_prompt_negatives',
+                                                     False))
     state, m = _train_step(state, jax.tree.map(jnp.asarray, batch),
                            graph=graph, opt=opt)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
