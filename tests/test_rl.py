@@ -71,6 +71,22 @@ def test_grpo_learns_a_toy_reward_with_matching_logprobs(setup):
   assert np.mean(means[-5:]) > 2 * np.mean(means[:5]) + 0.05, means
 
 
+def test_learner_scores_the_tempered_policy_the_sampler_drew_from(setup):
+  tok, cfg, recs = setup
+  opt, graph, state = _init(cfg)
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4,
+                  max_new_tokens=8, dynamic_filtering=False, temperature=0.7,
+                  overlong='none')
+  batch, rewards, _, _ = rl.collect(
+      nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
+      c, jax.random.key(0), reward_fn=lambda recs, _: np.arange(len(recs)) % 2)
+  batch['advantages'] = np.asarray(losses.group_advantages(
+      jnp.asarray(rewards), c.rollouts_per_prompt))
+  _, m = rl.update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
+                   opt=opt, cfg=c)
+  assert float(m['sampler_mismatch']) < 1e-5
+
+
 def test_more_updates_per_batch_are_off_policy_after_the_first(setup):
   tok, cfg, recs = setup
   opt, graph, state = _init(cfg)

@@ -63,11 +63,15 @@ class RLConfig:
                        '(advantages compare rollouts of one prompt)')
 
 
-def _forward_logp(params, rest, graph, batch, replay):
+def _forward_logp(params, rest, graph, batch, replay, temperature=1.0):
+  """Log-probs under softmax(logits / temperature): the policy the sampler
+  drew from (top-p is not applied: it only truncates the tail)."""
   model = nnx.merge(graph, params, rest)
   logits, info = model(batch['inputs'], positions_bt=batch['positions'],
                        segment_ids_bt=batch['segment_ids'],
                        expert_idx=replay)
+  if temperature != 1.0:
+    logits = logits / temperature
   return train.token_logprobs(logits, batch['targets']), logits, info
 
 
@@ -85,7 +89,7 @@ def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig):
 
   def loss_fn(params):
     logp, logits, info = _forward_logp(params, state.rest, graph, batch,
-                                       replay)
+                                       replay, cfg.temperature)
     if cfg.algorithm == 'grpo':
       loss, m = losses.grpo_loss(
           logp, batch['advantages'], batch['mask'],
