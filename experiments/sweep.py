@@ -60,7 +60,8 @@ def main(argv):
     cmd = [sys.executable, '-m', f'experiments.{_EXPERIMENT.value}',
            f'--config={_CONFIG.value}', f'--workdir={wd}'] + [
                f'--{k}={v}' for k, v in ov.items()]
-    print(f'[sweep] run {i + 1}/{len(runs)}: {" ".join(cmd[1:])}', flush=True)
+    print(f'[sweep] run {i + 1}/{len(runs)}: python {" ".join(cmd[1:])}',
+          flush=True)
     if _DRY_RUN.value:
       continue
     rc = subprocess.call(cmd)
