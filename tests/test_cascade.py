@@ -79,7 +79,11 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   capsys.readouterr()
   again = cascade.run(c, str(tmp_path))
   assert again == records
-  assert capsys.readouterr().out.count('skipped') == 5
+  out = capsys.readouterr().out
+  assert out.count('skipped') == 5 and 'warning' not in out
+  c.stages.if_rl.optim.lr = 1e-5     # a finished stage's config changed
+  cascade.run(c, str(tmp_path))
+  assert 'warning: if_rl was run with another config' in capsys.readouterr().out
   out = report.cascade_report(str(tmp_path), records)
   for f in ('matrix.png', 'deltas.png', 'curves.png', 'report.json'):
     assert os.path.getsize(tmp_path / 'report' / f) > 0

@@ -80,13 +80,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     head = (f'[cascade] stage {i + 1}/{len(stages)} {st.name} ({st.kind}'
             + (f' from {st.init_from}' if st.init_from else '')
             + (', branch' if st.branch else '') + ')')
+    c = runner_config(st, workdir, config.seed)
     if os.path.exists(done):
       with open(done) as f:
         records.append(json.load(f))
       print(f'{head}: done earlier, skipped')
+      if _changed(c, d):
+        print(f'[cascade] warning: {st.name} was run with another config than '
+              f'the current one (see {d}/config.json); delete {d} to redo it')
       continue
     print(f'{head}: running', flush=True)
-    c = runner_config(st, workdir, config.seed)
     t0 = time.perf_counter()
     extra = {}
     if st.kind == 'sft':
@@ -110,6 +113,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     print(f'[cascade] {st.name} done in {train_s:.0f}s (+{rec["eval_s"]:.0f}s '
           f'eval); {time.perf_counter() - t_start:.0f}s so far', flush=True)
   return records
+
+
+def _changed(c: ml_collections.ConfigDict, run_dir: str) -> bool:
+  try:
+    with open(os.path.join(run_dir, 'config.json')) as f:
+      return json.load(f) != json.loads(c.to_json_best_effort())
+  except (OSError, ValueError):
+    return True
 
 
 def _domains(st: Stage) -> list[str]:
