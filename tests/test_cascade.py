@@ -140,3 +140,17 @@ def test_sweep_launcher_prints_one_command_per_run(tmp_path):
   for seed, line in enumerate(lines):
     assert f'--config.seed={seed}' in line
     assert f'--workdir={tmp_path}/seed={seed}' in line
+
+
+def test_report_marks_own_domain_changes_against_noise(tmp_path):
+  def rec(name, init, doms, p_math):
+    return dict(name=name, kind='grpo' if init else 'sft', init_from=init,
+                domains=doms, train_s=1.0, eval_s=1.0, reward_model='',
+                scores={'math': dict(pass_rate=p_math, mean_reward=p_math,
+                                     n=400)})
+  records = [rec('sft', '', [], 0.20), rec('big', 'sft', ['math'], 0.40),
+             rec('small', 'big', ['math'], 0.42)]
+  out = report.cascade_report(str(tmp_path), records)
+  md = open(out['markdown']).read()
+  assert 'big: math +0.200 (beyond noise)' in md      # 2 SE ~ 0.06 at n=400
+  assert 'small: math +0.020 (within noise)' in md

@@ -105,9 +105,16 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
         '![pass rates](matrix.png)', '', '## What each stage changed', '',
         'Against the stage it started from (its `from`):', '',
         '![changes](deltas.png)', '']
+  md.append('Own-domain changes, against two standard errors of a '
+            'difference of two pass rates (binomial, n eval prompts each):')
+  md.append('')
   for n, g in own_gains.items():
-    md.append(f'- {n}: ' + ', '.join(f'{SHORT.get(d, d)} {v:+.3f}'
-                                     for d, v in g.items()))
+    start = by_name[n]['init_from']
+    md.append(f'- {n}: ' + ', '.join(
+        f'{SHORT.get(d, d)} {v:+.3f} ('
+        + ('beyond' if abs(v) > 2 * _se_diff(by_name[start], by_name[n], d)
+           else 'within') + ' noise)'
+        for d, v in g.items()))
   for r in rm:
     md += ['', f"Reward model `{r['name']}`: held-out pairwise accuracy "
            f"{r.get('accuracy', float('nan')):.3f} (before training "
@@ -117,6 +124,16 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
   with open(mpath, 'w') as f:
     f.write('\n'.join(md))
   return dict(markdown=mpath, json=jpath, table=table)
+
+
+def _se_diff(a: dict, b: dict, domain: str) -> float:
+  """Standard error of the difference of two independent pass rates."""
+  var = 0.0
+  for r in (a, b):
+    sc = r['scores'][domain]
+    p, n = sc['pass_rate'], max(sc.get('n', 1), 1)
+    var += p * (1 - p) / n
+  return float(np.sqrt(var))
 
 
 def _nan_safe(x):
