@@ -5,6 +5,7 @@ import json
 import pytest
 
 from cascade_jax import domains
+from cascade_jax.domains import _base
 from cascade_jax.domains import instruction_following as ifd
 from cascade_jax.domains import swe
 
@@ -46,6 +47,41 @@ def test_reference_responses_pass_and_wrong_ones_fail(name):
   # Another record's answer is (almost always) wrong.
   shifted = domains.score(recs, [r['response'] for r in recs[1:] + recs[:1]])
   assert sum(s.passed for s in shifted) <= n // 3
+
+
+FLAWED = ['instruction_following', 'multi_domain', 'math', 'long_context',
+          'code', 'swe']
+
+
+@pytest.mark.parametrize('name', FLAWED)
+def test_flawed_responses_fail_and_leave_the_problems_unchanged(name):
+  n = 60 if name in FAST else 16
+  clean = domains.generate(name, split='train', n=n, seed=2)
+  mixed = domains.generate(name, split='train', n=n, seed=2,
+                           response_quality=0.5)
+  # The same problems, only some reference responses differ.
+  strip = lambda r: {k: v for k, v in r.items() if k not in
+                     ('response', 'flawed')}
+  assert [strip(r) for r in clean] == [strip(r) for r in mixed]
+  flawed = [r for r in mixed if r.get('flawed')]
+  assert n // 5 <= len(flawed) <= 4 * n // 5
+  for r in mixed:
+    domains.validate(r)
+  scores = domains.score(flawed, [r['response'] for r in flawed])
+  # Code's usual bug can be invisible to a few inputs; the rest always fail.
+  assert sum(s.passed for s in scores) <= (len(flawed) // 4
+                                           if name == 'code' else 0)
+  ok = [r for r in mixed if not r.get('flawed')]
+  assert all(s.passed for s in domains.score(ok, [r['response'] for r in ok]))
+
+
+def test_response_quality_is_checked():
+  with pytest.raises(ValueError, match='response_quality must be in'):
+    domains.generate('long_context', split='train', n=4, response_quality=2)
+  make = lambda rng, level: ('k', dict(messages=[], response='r'))
+  with pytest.raises(ValueError, match='toy: this domain has no flawed'):
+    _base.sample(make, domain='toy', split='train', n=1, seed=0, levels=(1,),
+                 response_quality=0.5)
 
 
 @pytest.mark.parametrize('name', FAST)
@@ -141,6 +177,27 @@ def test_long_context_length_is_configurable():
   assert avg(short) < 400 < 4000 <= avg(long)
 
 
+def test_long_context_kinds_and_keys():
+  from cascade_jax.domains import long_context as lc
+  recs = domains.generate('long_context', split='train', n=60, seed=0,
+                          kinds=('has',))
+  assert {r['kind'] for r in recs} == {'has'}
+  assert {r['answer'] for r in recs} == {'yes', 'no'}
+  for r in recs:   # the answer is whether the asked key heads a record
+    key = domains.prompt_of(r).split('record for ')[1].split('?')[0]
+    assert (f'\n{key}: ' in domains.prompt_of(r)) == (r['answer'] == 'yes')
+  words = domains.generate('long_context', split='train', n=5, seed=0,
+                           kinds=('lookup',))
+  assert all(domains.prompt_of(r).split('value of ')[1][:-1] in lc.KEY_WORDS
+             for r in words)
+  rand = domains.generate('long_context', split='train', n=5, seed=0,
+                          kinds=('lookup',), keys='random')
+  assert all(len(domains.prompt_of(r).split('value of ')[1][:-1]) == 3
+             for r in rand)
+  with pytest.raises(ValueError, match='kinds must be drawn from'):
+    domains.generate('long_context', split='train', n=1, kinds=('sum',))
+
+
 def test_swe_accepts_a_unified_diff_and_rejects_bad_ones():
   rec = domains.generate('swe', split='eval', n=1, seed=0)[0]
   buggy, fixed = rec['buggy_code'].splitlines(), rec['response'].splitlines()
@@ -223,7 +280,10 @@ def test_save_and_load_round_trip(tmp_path):
   assert again == recs
 
 
-def test_a_new_domain_is_one_registration(tmp_path):
+def test_a_new_domain_is_one_registration(tmp_path, monkeypatch):
+  # A registry of its own for this test: other tests iterate the domains.
+  monkeypatch.setattr(_base, '_REGISTRY', dict(_base._REGISTRY))
+
   def verify(records, responses, *, sandbox=None):
     return [domains.Score(float(r['answer'] in s), r['answer'] in s)
             for r, s in zip(records, responses)]
@@ -244,3 +304,25 @@ def test_evaluate_reports_per_domain():
   assert scores['math'].pass_rate == 1.0
   assert scores['long_context'].pass_rate == 0.5
   assert 'long_context' in domains.format_scores(scores)
+
+
+def test_identical_programs_run_once_and_verdicts_are_cached():
+  from cascade_jax import sandbox as sb
+  from cascade_jax.domains import code
+
+  class Counting:
+    limits = sb.Limits(wall_seconds=7.0)   # a cache of its own
+    def __init__(self):
+      self.jobs = 0
+    def run_tests_batch(self, jobs):
+      self.jobs += len(jobs)
+      return [sb.TestResult(passed='+' in j['program'], status='passed')
+              for j in jobs]
+
+  recs = domains.generate('code', split='eval', n=2, seed=11)
+  box = Counting()
+  progs = ['def f(x): return x + 1', 'def f(x): return x - 1'] * 3
+  scores = code.run_programs([recs[0]] * 6, progs, box)
+  assert box.jobs == 2 and [s.passed for s in scores] == [True, False] * 3
+  code.run_programs([recs[0], recs[1]], progs[:2], box)
+  assert box.jobs == 3   # only the new (program, tests) pair ran

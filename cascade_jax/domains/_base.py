@@ -78,6 +78,8 @@ def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
            domain: str, split: str, n: int, seed: int,
            levels: Sequence[int], eval_fraction: float = 0.2,
            split_by: str = 'problem',
+           response_quality: float = 1.0,
+           flaw: Callable[[random.Random, Record], str] | None = None,
            max_tries_per_item: int = 200) -> list[Record]:
   """Draws `n` distinct records of one split.
 
@@ -87,6 +89,14 @@ def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
   both splits, whatever the seeds; with split_by='prompt' it is a hash of
   the prompt text, so the splits share no prompt but a problem may recur in
   other words (a gentler held-out test for very small models).
+
+  SFT data is rarely all correct. With `response_quality` < 1, each record's
+  reference `response` is, with probability 1 - response_quality, replaced by
+  `flaw(rng, record)`: a plausible wrong answer that the verifier rejects
+  (the record is marked `flawed: True`). The problems drawn do not depend on
+  it (a separate random stream decides), so the eval split is the same. A
+  model fine-tuned on such data produces the right answer only part of the
+  time, and RL on the domain has that to fix.
   """
   if split_by not in ('problem', 'prompt'):
     raise ValueError(f"split_by must be 'problem' or 'prompt', got {split_by!r}")
@@ -94,7 +104,14 @@ def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
     raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
   if not levels:
     raise ValueError('levels must name at least one difficulty level')
+  if not 0.0 <= response_quality <= 1.0:
+    raise ValueError(f'{domain}: response_quality must be in [0, 1], got '
+                     f'{response_quality}')
+  if response_quality < 1.0 and flaw is None:
+    raise ValueError(f'{domain}: this domain has no flawed responses, so '
+                     'response_quality must be 1.0')
   rng = random.Random(f'{domain}/{split}/{seed}')
+  flaw_rng = random.Random(f'{domain}/{split}/{seed}/flaw')
   out, seen = [], set()
   tries = 0
   while len(out) < n:
@@ -114,6 +131,8 @@ def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
     seen.add(ident)
     rec = dict(id=f'{domain}-{split}-{len(out):06d}', domain=domain,
                level=level, **rec)
+    if response_quality < 1.0 and flaw_rng.random() >= response_quality:
+      rec['response'], rec['flawed'] = flaw(flaw_rng, rec), True
     out.append(rec)
   return out
 

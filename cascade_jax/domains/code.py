@@ -8,7 +8,10 @@ example; the tests are hidden. The reward is 1 only if every test passes.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
+import json
 import random
 import threading
 from collections.abc import Callable
@@ -118,14 +121,22 @@ def _make(rng: random.Random, level: int):
             f'{desc}. For example, {example}.')
   key = f"{task.name}:{sorted(params.items())}"
   return key, dict(messages=_base.user(prompt), entry_point=task.name,
-                   tests=tests, response=ref)
+                   tests=tests, response=ref,
+                   buggy_response=source(task, params, buggy=True))
+
+
+def _flaw(rng: random.Random, rec: dict) -> str:
+  """The task's typical bug (e.g. min for max, s[1:] for a reversal)."""
+  del rng
+  return rec['buggy_response']
 
 
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
-             split_by='problem'):
+             split_by='problem', response_quality=1.0):
   return _base.sample(_make, domain='code', split=split, n=n, seed=seed,
                       levels=levels, eval_fraction=eval_fraction,
-                      split_by=split_by)
+                      split_by=split_by, response_quality=response_quality,
+                      flaw=_flaw)
 
 
 # ----------------------------------------------------------- verifying
@@ -148,14 +159,47 @@ def tests_text(rec) -> str:
   return '\n'.join(t) + '\n' if isinstance(t, list) else str(t)
 
 
+# Verdicts by (limits, program, tests, setup, entry point). RL groups often
+# sample the same program several times, and greedy evaluations after
+# successive stages repeat most answers: each distinct job runs once.
+_VERDICTS: collections.OrderedDict[str, _base.Score] = collections.OrderedDict()
+_MAX_VERDICTS = 100_000
+
+
+def _job_key(sandbox: Sandbox, job: dict) -> str:
+  blob = json.dumps([repr(sandbox.limits), job], sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def run_programs(records, programs, sandbox=None) -> list[_base.Score]:
-  """Strict pass / fail of each program against its record's tests."""
+  """Strict pass / fail of each program against its record's tests.
+
+  Identical jobs run once (within a call, and across calls through a
+  bounded cache of verdicts), in parallel on the sandbox's pool.
+  """
   sandbox = sandbox or default_sandbox()
   jobs = [dict(program=p, tests=tests_text(r), entry_points=[r['entry_point']],
                setup=r.get('setup', '')) for r, p in zip(records, programs,
                                                          strict=True)]
-  return [_base.binary(res.passed, status=res.status, error=res.error[:300])
-          for res in sandbox.run_tests_batch(jobs)]
+  keys = [_job_key(sandbox, j) for j in jobs]
+  with _LOCK:
+    todo = {k: j for k, j in zip(keys, jobs) if k not in _VERDICTS}
+  results = sandbox.run_tests_batch(list(todo.values()))
+  fresh = {k: _base.binary(res.passed, status=res.status,
+                           error=res.error[:300])
+           for k, res in zip(todo, results)}
+  with _LOCK:
+    for k, score in fresh.items():
+      if score.details['status'] != 'timeout':   # may pass on a quieter machine
+        _VERDICTS[k] = score
+    out = []
+    for k in keys:
+      if k in _VERDICTS:
+        _VERDICTS.move_to_end(k)
+      out.append(fresh.get(k) or _VERDICTS[k])
+    while len(_VERDICTS) > _MAX_VERDICTS:
+      _VERDICTS.popitem(last=False)
+  return out
 
 
 def verify(records, responses, *, sandbox=None):

@@ -165,11 +165,55 @@ def _make(rng: random.Random, level: int):
                    response=response, topic=topic)
 
 
+def _break(c: dict, text: str, topic: str, rng: random.Random) -> str:
+  """`text` changed so that it misses constraint `c`."""
+  kind = c['type']
+  lines = text.split('\n')
+  ws = text.split(' ')
+  if kind == 'word_count':
+    if c['relation'] == 'at_least':
+      return ' '.join(ws[:c['n'] - 1]) if c['n'] > 1 else ''
+    return ' '.join(ws + [rng.choice(TOPICS[topic])] * (c['n'] + 1 - len(ws)
+                                                        if c['relation'] == 'at_most' else 1))
+  if kind == 'lowercase':
+    return text[:1].upper() + text[1:]
+  if kind == 'uppercase':
+    return text.lower()
+  if kind == 'include':   # another topic word in its place
+    other = rng.choice([w for w in TOPICS[topic] if w != c['word'].lower()])
+    return re.sub(rf"\b{re.escape(c['word'])}\b",
+                  lambda m: other.upper() if m.group(0).isupper() else other,
+                  text, flags=re.I)
+  if kind == 'exclude':
+    return f"{text} {c['word']}"
+  if kind in ('start_with', 'end_with'):
+    return ' '.join(ws[1:] if kind == 'start_with' else ws[:-1])
+  if kind == 'bullets':
+    return '\n'.join(lines[:-1])
+  if kind == 'json_keys':
+    obj = json.loads(text)
+    obj.pop(c['keys'][-1], None)
+    return json.dumps(obj)
+  raise ValueError(f'unknown constraint type {kind!r}')
+
+
+def _flaw(rng: random.Random, rec: dict) -> str:
+  """The reference response with one constraint ignored."""
+  cons = list(rec['constraints'])
+  rng.shuffle(cons)
+  for c in cons:
+    text = _break(c, rec['response'], rec['topic'], rng)
+    if not verify([rec], [text])[0].passed:
+      return text
+  return f'{rng.choice(EXTRA_WORDS)}.'   # off topic
+
+
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
-             split_by='problem'):
+             split_by='problem', response_quality=1.0):
   return _base.sample(_make, domain='instruction_following', split=split, n=n,
                       seed=seed, levels=levels, eval_fraction=eval_fraction,
-                      split_by=split_by)
+                      split_by=split_by, response_quality=response_quality,
+                      flaw=_flaw)
 
 
 def verify(records, responses, *, sandbox=None):

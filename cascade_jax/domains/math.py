@@ -75,11 +75,19 @@ def _make(rng: random.Random, level: int):
       answer=ans, response=_boxed(ans))
 
 
+def _flaw(rng: random.Random, rec: dict) -> str:
+  """An answer off by a little (the numerator, for a fraction)."""
+  num, _, den = rec['answer'].partition('/')
+  wrong = str(int(num) + rng.choice((-2, -1, 1, 2)))
+  return _boxed(f'{wrong}/{den}' if den else wrong)
+
+
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
-             split_by='problem'):
+             split_by='problem', response_quality=1.0):
   return _base.sample(_make, domain='math', split=split, n=n, seed=seed,
                       levels=levels, eval_fraction=eval_fraction,
-                      split_by=split_by)
+                      split_by=split_by, response_quality=response_quality,
+                      flaw=_flaw)
 
 
 def answers_match(gold: str, predicted: str) -> bool:

@@ -113,11 +113,38 @@ def _make(rng: random.Random, level: int):
   return f'{kind}/{key}', rec
 
 
+def _flaw(rng: random.Random, rec: dict) -> str:
+  """A wrong letter, a tool call with one wrong argument, or a wrong value."""
+  if rec['kind'] == 'mcq':
+    wrong = rng.choice([x for x in LETTERS if x != rec['answer']])
+    return f'\\boxed{{{wrong}}}'
+  want = rec['answer']
+  if rec['kind'] == 'tool_call':
+    call = json.loads(json.dumps(want))
+    args = call['arguments']
+    if 'city' in args:
+      args['city'] = rng.choice([c for c in CITIES if c != args['city']])
+    elif 'unit_to' in args:
+      args['unit_from'], args['unit_to'] = args['unit_to'], args['unit_from']
+    else:
+      args['b'] += rng.choice((-2, -1, 1, 2))
+    return f'<tool_call>{json.dumps(call)}</tool_call>'
+  obj = dict(want)
+  k = rng.choice(sorted(obj))
+  if k == 'age':
+    obj[k] += rng.choice((-2, -1, 1, 2))
+  else:
+    obj[k] = rng.choice([x for x in (PEOPLE if k == 'name' else CITIES)
+                         if x != obj[k]])
+  return json.dumps(obj)
+
+
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
-             split_by='problem'):
+             split_by='problem', response_quality=1.0):
   return _base.sample(_make, domain='multi_domain', split=split, n=n,
                       seed=seed, levels=levels, eval_fraction=eval_fraction,
-                      split_by=split_by)
+                      split_by=split_by, response_quality=response_quality,
+                      flaw=_flaw)
 
 
 # ----------------------------------------------------------- verifying

@@ -107,11 +107,18 @@ def _make(rng: random.Random, level: int):
                    response=ref)
 
 
+def _flaw(rng: random.Random, rec: dict) -> str:
+  """The buggy function handed back unchanged."""
+  del rng
+  return rec['buggy_code']
+
+
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
-             split_by='problem'):
+             split_by='problem', response_quality=1.0):
   return _base.sample(_make, domain='swe', split=split, n=n, seed=seed,
                       levels=levels, eval_fraction=eval_fraction,
-                      split_by=split_by)
+                      split_by=split_by, response_quality=response_quality,
+                      flaw=_flaw)
 
 
 def verify(records, responses, *, sandbox=None):
