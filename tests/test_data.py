@@ -35,6 +35,19 @@ def test_tokenizer_round_trips_and_keeps_specials_whole(tok):
   assert ids[0] == tok.im_start and ids[-1] == tok.im_end
 
 
+def test_a_word_has_the_same_tokens_wherever_it_stands(tok):
+  # Copying from the prompt must be copying tokens: no space-prefixed variants.
+  def contains(ids, sub):
+    return any(ids[i:i + len(sub)] == sub for i in range(len(ids)))
+  for w in ('fine', 'teal', 'Oslo', 'owl'):
+    for text in (f'the word {w}.', f"the word '{w}'", f'\\boxed{{{w}}}',
+                 f'{w}: red', f'"city": "{w}"'):
+      assert contains(tok.encode(text), tok.encode(w)), (w, text)
+  assert tok.decode(tok.encode('a  b    c')) == 'a  b    c'
+  indent = tok.encode('\n    return x')
+  assert tok.decode(indent[1:2]) == '    '   # one indent token
+
+
 def test_tokenizer_is_cached_and_checked(tok, tmp_path):
   path = str(tmp_path / 'tok.model')
   a = data.get_tokenizer(path, ['some text'] * 10 + ['other words'], 160)
@@ -83,7 +96,7 @@ def test_pipeline_is_deterministic_and_resumable(tok):
 
 
 def test_packing_layout(tok):
-  ds, reports = data.build_dataset(tok, SOURCES, seq_len=128, batch_size=4,
+  ds, reports = data.build_dataset(tok, SOURCES, seq_len=256, batch_size=4,
                                    seed=0)
   assert {r.name: r.examples for r in reports} == {
       'math': 200, 'code': 100, 'instruction_following': 200}

@@ -12,10 +12,17 @@ import sentencepiece as spm
 IM_START, IM_END = '<|im_start|>', '<|im_end|>'
 THINK_START, THINK_END = '<think>', '</think>'
 TOOL_START, TOOL_END = '<tool_call>', '</tool_call>'
-# Newline and an indent are symbols of their own: code and lists keep their
-# layout exactly, and decode(encode(x)) == x on the generated corpus.
+# Newline, a four-space indent and a single space are symbols of their own
+# (sentencepiece writes a space as U+2581 before matching them). A space is
+# never merged into the word after it, so a word has the same pieces wherever
+# it stands: 'fine' in "End with the word 'fine'." is the 'fine' a response
+# ends with, and a record's value in "abc: teal" is the one in \boxed{teal}.
+# Copying from the prompt is then copying tokens, which a small model learns
+# quickly; with '▁fine' vs 'fine' it has to learn every word pair. Costs about
+# 30% more tokens on the generated corpus. decode(encode(x)) == x holds.
+SPACE = '\u2581'
 SPECIALS = (IM_START, IM_END, THINK_START, THINK_END, TOOL_START, TOOL_END,
-            '\n', '    ')
+            '\n', SPACE * 4, SPACE)
 PAD_ID = 0
 
 
