@@ -103,14 +103,16 @@ records = cascade.run(c, workdir)
 # %% [markdown]
 # ## Reading the report
 # The report is JSON for machines and Markdown + PNG for people. The matrix
-# holds each stage's greedy pass rate on every domain; `deltas` what each
-# stage changed against the stage it started from.
+# holds each stage's pass rate on every domain (`metric` says how it was
+# measured: pass@1 at the sampling temperature by default); `deltas` what
+# each stage changed against the stage it started from.
 
 # %%
 out = report.cascade_report(workdir, records)
 print(out['table'])
 data = json.load(open(out['json']))
-print('own-domain change per RL stage:', data['own_domain_change'])
+print(data['metric'], '| own-domain change per RL stage:',
+      data['own_domain_change'])
 img = plt.imread(os.path.join(workdir, 'report', 'matrix.png'))
 plt.figure(figsize=(8, 3))
 plt.imshow(img)

@@ -58,10 +58,14 @@ def eval_sets(config: ml_collections.ConfigDict) -> dict[str, list[dict]]:
   return sft.eval_sets(c)
 
 
-def score_stage(run_dir: str, evals) -> dict[str, dict]:
+def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
+                samples: int = 1, seed: int = 0) -> dict[str, dict]:
+  """Every domain's eval split on the stage's final checkpoint."""
   _, model, tok = train.restore_run(run_dir)
-  scores = rollout.evaluate_model(model, tok, evals)
-  return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n)
+  scores = rollout.evaluate_model(model, tok, evals, temperature=temperature,
+                                  samples=samples, seed=seed)
+  return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n,
+                 prompts=s.n // samples, pass_se=s.pass_se)
           for d, s in scores.items()}
 
 
@@ -100,11 +104,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
       rl.run(c, d)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    scores = {} if st.kind == 'reward_model' else score_stage(d, evals)
+    scores = {} if st.kind == 'reward_model' else score_stage(
+        d, evals, temperature=config.eval_temperature,
+        samples=config.eval_samples, seed=config.seed)
     rec = dict(name=st.name, kind=st.kind, init_from=st.init_from,
                branch=st.branch, teachers=st.teachers,
                reward_model=st.reward_model, domains=_domains(st),
                train_s=train_s, eval_s=time.perf_counter() - t0,
+               eval=dict(temperature=config.eval_temperature,
+                         samples=config.eval_samples),
                scores=scores, **extra)
     with open(done + '.tmp', 'w') as f:
       json.dump(rec, f, indent=2)

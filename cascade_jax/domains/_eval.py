@@ -11,10 +11,25 @@ from cascade_jax.domains import _base
 
 @dataclasses.dataclass(frozen=True)
 class DomainScore:
+  """A domain's scores; `pass_se` is the pass rate's standard error, with
+  the responses to one record (several samples) counted as one cluster."""
   domain: str
   n: int
   mean_reward: float
   pass_rate: float
+  pass_se: float = float('nan')
+
+
+def _clustered_se(records, scores) -> float:
+  by_rec = collections.defaultdict(list)
+  for i, (r, s) in enumerate(zip(records, scores)):
+    by_rec[r.get('id', i)].append(float(s.passed))
+  means = [sum(v) / len(v) for v in by_rec.values()]
+  if len(means) < 2:
+    return float('nan')
+  mu = sum(means) / len(means)
+  var = sum((m - mu) ** 2 for m in means) / (len(means) - 1)
+  return (var / len(means)) ** 0.5
 
 
 def score(records: Sequence[_base.Record], responses: Sequence[str], *,
@@ -45,10 +60,14 @@ def evaluate(records: Sequence[_base.Record], responses: Sequence[str], *,
   scores = score(records, responses, sandbox=sandbox)
   acc = collections.defaultdict(list)
   for r, s in zip(records, scores):
-    acc[r['domain']].append(s)
-  return {d: DomainScore(d, len(ss), sum(s.reward for s in ss) / len(ss),
-                         sum(s.passed for s in ss) / len(ss))
-          for d, ss in sorted(acc.items())}
+    acc[r['domain']].append((r, s))
+  out = {}
+  for d, pairs in sorted(acc.items()):
+    recs, ss = zip(*pairs)
+    out[d] = DomainScore(d, len(ss), sum(s.reward for s in ss) / len(ss),
+                         sum(s.passed for s in ss) / len(ss),
+                         _clustered_se(recs, ss))
+  return out
 
 
 def format_scores(scores: dict[str, DomainScore]) -> str:

@@ -56,9 +56,10 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
     own = ','.join(SHORT.get(d, d) for d in r.get('domains', []))
     return f'{n} [{own}]' if own else n
 
+  metric = metric_label(records)
   plot_matrix(vals, [row_label(n) for n in names], cols,
               os.path.join(out_dir, 'matrix.png'),
-              title='Greedy pass rate after each stage')
+              title=f'{metric} after each stage')
   plot_matrix(dvals, [row_label(n) for n in names], cols,
               os.path.join(out_dir, 'deltas.png'), diverging=True,
               fmt='{:+.2f}',
@@ -89,7 +90,7 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
   rm = [r for r in records if r['kind'] == 'reward_model']
   total = sum(r['train_s'] + r['eval_s'] for r in records)
   data = dict(stages=list(records), domains=doms, matrix_stages=names,
-              pass_rate=vals.tolist(), deltas=dvals.tolist(),
+              metric=metric, pass_rate=vals.tolist(), deltas=dvals.tolist(),
               own_domain_change=own_gains, total_s=total,
               reward_model={r['name']: dict(accuracy=r.get('accuracy'),
                                             accuracy_before=r.get(
@@ -99,14 +100,15 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
   with open(jpath, 'w') as f:
     json.dump(data, f, indent=2, default=_nan_safe)
   md = ['# Cascade report', '',
-        f'{len(records)} stages, {total:.0f}s of stage time. Greedy pass '
-        'rate on every domain\'s eval split after each stage; * marks the '
+        f'{len(records)} stages, {total:.0f}s of stage time. {metric} '
+        'on every domain\'s eval split after each stage; * marks the '
         "stage's own domains.", '', '```', table, '```', '',
         '![pass rates](matrix.png)', '', '## What each stage changed', '',
         'Against the stage it started from (its `from`):', '',
         '![changes](deltas.png)', '']
-  md.append('Own-domain changes, against two standard errors of a '
-            'difference of two pass rates (binomial, n eval prompts each):')
+  md.append('Own-domain changes, against two standard errors of the '
+            'difference (each pass rate\'s standard error over the eval '
+            'prompts, a prompt\'s samples counted together):')
   md.append('')
   for n, g in own_gains.items():
     start = by_name[n]['init_from']
@@ -126,13 +128,26 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
   return dict(markdown=mpath, json=jpath, table=table)
 
 
+def metric_label(records: Sequence[dict]) -> str:
+  """What the matrix holds, from the stages' evaluation settings."""
+  ev = next((r['eval'] for r in records if r.get('eval')), {})
+  t, k = ev.get('temperature', 0.0), ev.get('samples', 1)
+  if not t:
+    return 'Greedy pass rate'
+  return f'Pass@1 (T={t:g}, mean over {k} samples)'
+
+
 def _se_diff(a: dict, b: dict, domain: str) -> float:
-  """Standard error of the difference of two independent pass rates."""
+  """Standard error of the difference of two pass rates: each stage's own
+  (clustered by prompt) when recorded, else binomial over the prompts."""
   var = 0.0
   for r in (a, b):
     sc = r['scores'][domain]
-    p, n = sc['pass_rate'], max(sc.get('n', 1), 1)
-    var += p * (1 - p) / n
+    se = sc.get('pass_se')
+    if se is None or not np.isfinite(se):
+      p, n = sc['pass_rate'], max(sc.get('prompts', sc.get('n', 1)), 1)
+      se = np.sqrt(p * (1 - p) / n)
+    var += se ** 2
   return float(np.sqrt(var))
 
 
@@ -155,12 +170,13 @@ def cascade_sweep_report(run_dirs: Sequence[str], out_dir: str) -> dict:
       raise ValueError(f'{d}: its stages / domains differ from the first run')
     names, doms = rep['matrix_stages'], rep['domains']
     mats.append(np.asarray(rep['pass_rate'], np.float64))
+    metric = rep.get('metric', 'Greedy pass rate')
   stack = np.stack(mats)
   mean, std = stack.mean(0), stack.std(0, ddof=1 if len(mats) > 1 else 0)
   cols = [SHORT.get(x, x) for x in doms]
   os.makedirs(out_dir, exist_ok=True)
   plot_matrix(mean, names, cols, os.path.join(out_dir, 'sweep_matrix.png'),
-              spread=std, title=f'Pass rate after each stage: mean ± std over '
+              spread=std, title=f'{metric} after each stage: mean ± std over '
               f'{len(mats)} runs')
   rows = [[n] + [f'{m:.3f}±{s:.3f}' for m, s in zip(mr, sr)]
           for n, mr, sr in zip(names, mean, std)]
@@ -171,7 +187,7 @@ def cascade_sweep_report(run_dirs: Sequence[str], out_dir: str) -> dict:
                    mean=mean.tolist(), std=std.tolist()), f, indent=2)
   mpath = os.path.join(out_dir, 'sweep_report.md')
   with open(mpath, 'w') as f:
-    f.write(f'# Cascade over {len(mats)} runs\n\nGreedy pass rate, mean ± '
+    f.write(f'# Cascade over {len(mats)} runs\n\n{metric}, mean ± '
             f'standard deviation across runs.\n\n```\n{table}\n```\n\n'
             '![matrix](sweep_matrix.png)\n')
   return dict(markdown=mpath, json=jpath, table=table)

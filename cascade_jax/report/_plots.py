@@ -58,7 +58,8 @@ def plot_matrix(values: np.ndarray, rows: Sequence[str], cols: Sequence[str],
   fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 2.5,
                                   0.45 * len(rows) + 1.6), dpi=120)
   if diverging:
-    lim = max(float(np.nanmax(np.abs(values))), 1e-6)
+    finite = np.abs(values[np.isfinite(values)])
+    lim = max(float(finite.max()) if finite.size else 0.0, 1e-6)
     im = ax.imshow(values, cmap='RdBu', vmin=-lim, vmax=lim, aspect='auto')
   else:
     im = ax.imshow(values, cmap='viridis', aspect='auto')

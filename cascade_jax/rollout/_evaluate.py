@@ -49,14 +49,25 @@ def max_new_tokens_for(tok: data.Tokenizer, records: Sequence[dict],
 
 def evaluate_model(model, tok: data.Tokenizer,
                    eval_sets: Mapping[str, Sequence[dict]], *,
-                   temperature: float = 0.0, batch_size: int = 128,
-                   sandbox=None) -> dict[str, domains.DomainScore]:
-  """Greedy (by default) generation on each domain's eval records, scored."""
+                   temperature: float = 0.0, samples: int = 1,
+                   batch_size: int = 128, sandbox=None,
+                   seed: int = 0) -> dict[str, domains.DomainScore]:
+  """Generation on each domain's eval records, scored.
+
+  Greedy by default. With temperature > 0, `samples` responses per record
+  (a fixed `seed`): the pass rate is then pass@1 averaged over the samples,
+  as the paper reports it.
+  """
+  if samples < 1 or (samples > 1 and temperature == 0.0):
+    raise ValueError(f'evaluate_model: samples={samples} needs samples >= 1 '
+                     'and, above 1, a temperature > 0')
   scores = {}
-  for name, recs in eval_sets.items():
+  for i, (name, recs) in enumerate(sorted(eval_sets.items())):
     cfg = SampleConfig(max_new_tokens=max_new_tokens_for(tok, recs),
                        temperature=temperature)
-    resp = responses_for(model, tok, recs, cfg=cfg, batch_size=batch_size)
+    recs = list(recs) * samples
+    resp = responses_for(model, tok, recs, cfg=cfg, batch_size=batch_size,
+                         key=jax.random.fold_in(jax.random.key(seed), i))
     scores.update(domains.evaluate(recs, resp, sandbox=sandbox))
   return scores
 
