@@ -25,7 +25,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       temperature=1.0, top_p=1.0, max_new_tokens=16, kl_coef=0.0,
       clip_eps_low=0.2, clip_eps_high=0.2, updates_per_batch=1,
       advantage_scale='std', dynamic_filtering=True, max_refill_rounds=2,
-      overlong='penalty', routing_replay=True, mopd_reward_weight=0.0))
+      overlong='penalty', routing_replay=True, mopd_reward_weight=0.0,
+      trim_bucket=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',

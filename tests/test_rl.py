@@ -49,7 +49,7 @@ def test_config_errors():
 
 def test_grpo_learns_a_toy_reward_with_matching_logprobs(setup):
   tok, cfg, recs = setup
-  opt, graph, state = _init(cfg)
+  opt, graph, state = _init(cfg, lr=1e-2)
   c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=8,
                   max_new_tokens=12)
   stream = rl.PromptStream(recs)
@@ -69,6 +69,40 @@ def test_grpo_learns_a_toy_reward_with_matching_logprobs(setup):
     # the sampler's log-probs: strictly on-policy.
     assert float(m['sampler_mismatch']) < 1e-5
   assert np.mean(means[-5:]) > 2 * np.mean(means[:5]) + 0.05, means
+
+
+def test_trimming_the_empty_tail_changes_nothing(setup):
+  tok, cfg, recs = setup
+  opt, graph, state = _init(cfg)
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4,
+                  max_new_tokens=40, dynamic_filtering=False, trim_bucket=16)
+  batch, rewards, _, _ = rl.collect(
+      nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
+      c, jax.random.key(1), reward_fn=share_of_a)
+  batch['advantages'] = np.asarray(losses.group_advantages(
+      jnp.asarray(rewards), c.rollouts_per_prompt))
+  # The same batch with 32 more empty columns, as collect built it before.
+  wide = {k: np.pad(v, [(0, 0), (0, 0), (0, 32), (0, 0)])
+          if k == 'expert_idx' else
+          (v if v.ndim == 1 else np.pad(v, [(0, 0), (0, 32)]))
+          for k, v in batch.items()}
+  assert rl.trim_right(wide)['mask'].shape == batch['mask'].shape
+  ms = [rl.update(jax.tree.map(jnp.copy, state), jax.tree.map(jnp.asarray, b),
+                  graph=graph, opt=opt, cfg=c)[1] for b in (batch, wide)]
+  for k in ('loss', 'grad_norm', 'sampler_mismatch', 'token_count'):
+    np.testing.assert_allclose(float(ms[0][k]), float(ms[1][k]), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_trim_right_keeps_whole_buckets():
+  mask = np.zeros((2, 40), np.int32)
+  mask[1, 3:6] = 1
+  b = dict(mask=mask, inputs=np.ones((2, 40)), expert_idx=np.ones((3, 2, 40, 2)))
+  out = rl.trim_right(b, bucket=16)
+  assert out['mask'].shape == (2, 8) and out['expert_idx'].shape == (3, 2, 8, 2)
+  assert out['mask'].sum() == 3
+  mask[0, 30] = 1
+  assert rl.trim_right(b, bucket=16)['mask'].shape == (2, 40)
 
 
 def test_learner_scores_the_tempered_policy_the_sampler_drew_from(setup):

@@ -5,6 +5,7 @@ from cascade_jax.rl._learner import collect
 from cascade_jax.rl._learner import frozen_logprobs
 from cascade_jax.rl._learner import PromptStream
 from cascade_jax.rl._learner import RLConfig
+from cascade_jax.rl._learner import trim_right
 from cascade_jax.rl._learner import update
 from cascade_jax.rl._learner import verifier_rewards
 from cascade_jax.rl._stage import load_teachers

@@ -50,6 +50,10 @@ class RLConfig:
   overlong: str = 'penalty'         # 'penalty' | 'filter' | 'none'
   routing_replay: bool = True
   mopd_reward_weight: float = 0.0
+  # Cut the batch's empty response tail in buckets of this many tokens
+  # (0: never). Each new width compiles the update once more: worth it for
+  # long stages with a generous max_new_tokens, not for 30-step ones.
+  trim_bucket: int = 0
 
   def __post_init__(self):
     if self.algorithm not in ('grpo', 'mopd'):
@@ -223,8 +227,28 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   out = {k: np.concatenate([b[k] for b, _, _ in kept],
                            axis=1 if k == 'expert_idx' else 0)
          for k in kept[0][0]}
+  if cfg.trim_bucket:
+    out = trim_right(out, cfg.trim_bucket)
   return out, np.concatenate([k[1] for k in kept]), [r for k in kept
                                                       for r in k[2]], stats
+
+
+def trim_right(batch: dict, bucket: int = 16) -> dict:
+  """Drops trailing columns that no response reaches, in whole buckets.
+
+  Responses are usually far shorter than the generation budget; the
+  learner's forward and backward passes (and the teachers') then skip the
+  empty tail. Whole buckets keep the shapes few (one compile each). [B, T]
+  arrays and expert_idx [L, B, T, k] are cut; per-row arrays are kept.
+  """
+  width = batch['mask'].shape[1]
+  used = np.flatnonzero(batch['mask'].any(axis=0))
+  need = int(used[-1]) + 1 if used.size else 1
+  keep = width - (width - need) // bucket * bucket
+  if keep == width:
+    return batch
+  return {k: v[:, :, :keep] if k == 'expert_idx' else
+          (v[:, :keep] if v.ndim == 2 else v) for k, v in batch.items()}
 
 
 def _left_pad(batch: dict, width: int) -> dict:
