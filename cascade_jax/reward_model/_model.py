@@ -196,12 +196,7 @@ class RewardFunction:
     with open(os.path.join(run_dir, 'config.json')) as f:
       cfg = json.load(f)
     _, rm, self.tok = _build(cfg['init_from'])
-    opt = train.make_optimizer(train.OptimConfig(**cfg['optim']))
-    graph, state = train.init_state(rm, opt)
-    ck = checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints'))
-    restored, _ = ck.restore(state.to_checkpoint())
-    ck.close()
-    state = state.from_checkpoint(restored)
+    graph, state = train.restore_latest(rm, run_dir, cfg['optim'])
     self._graph, self._params, self._rest = graph, state.params, state.rest
     self.seq_len = int(cfg['data']['seq_len'])
 

@@ -10,5 +10,6 @@ from cascade_jax.train._state import OptimConfig
 from cascade_jax.train._state import resume
 from cascade_jax.train._state import schedule
 from cascade_jax.train._state import TrainState
+from cascade_jax.train._restore import restore_latest
 from cascade_jax.train._restore import restore_run
 from cascade_jax.train._restore import model_spec

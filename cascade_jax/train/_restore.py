@@ -30,18 +30,25 @@ def restore_run(run_dir: str, *, ctx=None):
     run_cfg = json.load(f)
   m = model_spec(run_dir)
   cfg = model_config(m['preset'], m.get('overrides') or {})
-  ck = checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints'))
-  if ck.latest_step() is None:
-    raise FileNotFoundError(f'{run_dir} has no checkpoint to restore')
   model = model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
-  opt = make_optimizer(OptimConfig(**run_cfg['optim']))
-  graph, state = init_state(model, opt)
-  restored, _ = ck.restore(state.to_checkpoint())
-  state = state.from_checkpoint(restored)
-  ck.close()
+  graph, state = restore_latest(model, run_dir, run_cfg['optim'])
   tok = data.load_tokenizer(os.path.join(run_dir, 'tokenizer.model'))
   data.check_vocab(tok, cfg.vocab_size)
   return cfg, nnx.merge(graph, state.params, state.rest), tok
+
+
+def restore_latest(module: nnx.Module, run_dir: str, optim: dict):
+  """(graph, TrainState): `module`'s layout filled from the run's latest
+  checkpoint; `optim` is the run's optimizer config (the state's layout)."""
+  ck = checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints'))
+  try:
+    if ck.latest_step() is None:
+      raise FileNotFoundError(f'{run_dir} has no checkpoint to restore')
+    graph, state = init_state(module, make_optimizer(OptimConfig(**optim)))
+    restored, _ = ck.restore(state.to_checkpoint())
+  finally:
+    ck.close()
+  return graph, state.from_checkpoint(restored)
 
 
 def model_spec(run_dir: str) -> dict:
