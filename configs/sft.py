@@ -17,7 +17,8 @@ import ml_collections
 
 # Domain -> (weight, levels, generator options). Levels the model can part-
 # learn in a few minutes (CPU_SCALE.md: RL needs a non-zero pass rate to
-# learn from): IF with one or two constraints, multi-domain at level 1. Math, code and SWE split by prompt: a model this
+# learn from): IF with one or two constraints, multi-domain at level 1.
+# Math, code and SWE split by prompt: a model this
 # small cannot derive arithmetic facts or function specs it never saw, so
 # their eval prompts are new phrasings / examples / tests of problems that
 # may recur in training. `response_quality` is the fraction of reference

@@ -168,13 +168,13 @@ def _make(rng: random.Random, level: int):
 def _break(c: dict, text: str, topic: str, rng: random.Random) -> str:
   """`text` changed so that it misses constraint `c`."""
   kind = c['type']
-  lines = text.split('\n')
   ws = text.split(' ')
   if kind == 'word_count':
-    if c['relation'] == 'at_least':
-      return ' '.join(ws[:c['n'] - 1]) if c['n'] > 1 else ''
-    return ' '.join(ws + [rng.choice(TOPICS[topic])] * (c['n'] + 1 - len(ws)
-                                                        if c['relation'] == 'at_most' else 1))
+    if c['relation'] == 'at_least':   # one word short
+      return ' '.join(ws[:c['n'] - 1])
+    # 'exactly': one word more; 'at_most': up to n + 1 words.
+    extra = c['n'] + 1 - len(ws) if c['relation'] == 'at_most' else 1
+    return ' '.join(ws + [rng.choice(TOPICS[topic])] * extra)
   if kind == 'lowercase':
     return text[:1].upper() + text[1:]
   if kind == 'uppercase':
@@ -189,7 +189,7 @@ def _break(c: dict, text: str, topic: str, rng: random.Random) -> str:
   if kind in ('start_with', 'end_with'):
     return ' '.join(ws[1:] if kind == 'start_with' else ws[:-1])
   if kind == 'bullets':
-    return '\n'.join(lines[:-1])
+    return '\n'.join(text.split('\n')[:-1])
   if kind == 'json_keys':
     obj = json.loads(text)
     obj.pop(c['keys'][-1], None)

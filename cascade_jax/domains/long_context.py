@@ -46,11 +46,11 @@ def _key(rng, keys='words', used=()):
 
 
 KINDS = ('lookup', 'needle', 'count', 'has')
+DEFAULT_KINDS = ('lookup', 'lookup', 'needle', 'count')
 
 
 def _make(rng: random.Random, level: int, num_records=None,
-          context_chars=None, keys='words',
-          kinds=('lookup', 'lookup', 'needle', 'count')):
+          context_chars=None, keys='words', kinds=DEFAULT_KINDS):
   n = num_records or _RECORDS[level]
   kind = rng.choice(kinds)
   if kind == 'needle':
@@ -63,11 +63,11 @@ def _make(rng: random.Random, level: int, num_records=None,
     q = 'What is the secret number?'
     answer = str(secret)
   else:
-    pairs, seen, key_kind = [], set(), keys
+    pairs, seen = [], set()
     while len(pairs) < n or (context_chars and
                              sum(len(k) + len(v) + 2 for k, v in pairs)
                              < context_chars):
-      k = _key(rng, key_kind, seen)
+      k = _key(rng, keys, seen)
       if k not in seen:
         seen.add(k)
         pairs.append((k, rng.choice(VALUES)))
@@ -107,7 +107,7 @@ def _flaw(rng: random.Random, rec: dict) -> str:
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
              split_by='problem', response_quality=1.0,
              num_records=None, context_chars=None, keys='words',
-             kinds=('lookup', 'lookup', 'needle', 'count')):
+             kinds=DEFAULT_KINDS):
   if keys not in ('words', 'random'):
     raise ValueError(f"long_context: keys must be 'words' or 'random', got "
                      f'{keys!r}')
