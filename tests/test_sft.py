@@ -138,6 +138,25 @@ def test_checkpoint_that_does_not_fit_is_refused(tmp_path):
     sft.run(bigger, str(tmp_path))
 
 
+def test_restore_run_reads_the_latest_weights_only(tmp_path):
+  sft.run(_quick(**{'steps': 3, 'eval_n': 0, 'checkpoint_every': 3}),
+          str(tmp_path))
+  _, saved = _final_params(str(tmp_path))
+  cfg, restored, tok = train.restore_run(str(tmp_path))
+  flat = lambda tree: {jax.tree_util.keystr(p).replace("'", ''): np.asarray(v)
+                       for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+  got, want = flat(nnx.state(restored, nnx.Param).to_pure_dict()), flat(saved)
+  assert got.keys() == want.keys()
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert tok.vocab_size == cfg.vocab_size
+  # A model of another shape is refused by name, as for a full restore.
+  other = model.Transformer(cfg.replace(embed_dim=32, head_dim=8),
+                            rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='does not fit the model'):
+    train.restore_latest(other, str(tmp_path))
+
+
 def test_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
   sft.run(_quick(**{'steps': 2, 'eval_n': 0}), str(tmp_path))
   other = _quick(**{'steps': 2, 'eval_n': 0})

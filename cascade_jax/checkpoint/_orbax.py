@@ -55,11 +55,13 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         extra=ocp.args.JsonSave(extra or {})))
 
-  def restore(self, state_like: Any, step: int | None = None
-              ) -> tuple[Any, dict]:
+  def restore(self, state_like: Any, step: int | None = None, *,
+              partial: bool = False) -> tuple[Any, dict]:
     """Restores into the structure, shapes and shardings of `state_like`.
 
     `state_like` may hold arrays or jax.ShapeDtypeStruct (with shardings).
+    With `partial`, it may name a subset of the saved top-level entries
+    (e.g. the weights without the optimizer state): only those are read.
     A checkpoint that does not fit raises ValueError naming what differs.
     """
     step = self.latest_step() if step is None else step
@@ -72,7 +74,8 @@ class Checkpointer:
     problems += [f'{k}: missing from the checkpoint' for k in want
                  if k not in saved]
     problems += [f'{k}: in the checkpoint, not in the model' for k in saved
-                 if k not in want]
+                 if k not in want and not (partial and k.split('/')[0]
+                                           not in state_like)]
     if problems:
       raise ValueError(
           f'checkpoint {self.directory} step {step} does not fit the model '
@@ -82,10 +85,25 @@ class Checkpointer:
         jax.ShapeDtypeStruct(np.shape(x), x.dtype,
                              sharding=getattr(x, 'sharding', None)),
         state_like)
+    if partial:
+      return self._restore_partial(step, abstract)
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract),
         extra=ocp.args.JsonRestore()))
     return out['state'], dict(out['extra'] or {})
+
+  def _restore_partial(self, step: int, abstract: Any) -> tuple[Any, dict]:
+    # The manager's handler restores whole trees; a subset goes through a
+    # PyTree checkpointer on the step's `state` item directly.
+    path = os.path.join(self.directory, str(step), 'state')
+    with ocp.PyTreeCheckpointer() as ckptr:
+      state = ckptr.restore(path, args=ocp.args.PyTreeRestore(
+          item=abstract,
+          restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+          partial_restore=True))
+    extra = self._mngr.restore(step, args=ocp.args.Composite(
+        extra=ocp.args.JsonRestore()))['extra']
+    return state, dict(extra or {})
 
   def wait(self) -> None:
     self._mngr.wait_until_finished()

@@ -196,8 +196,7 @@ class RewardFunction:
     with open(os.path.join(run_dir, 'config.json')) as f:
       cfg = json.load(f)
     _, rm, self.tok = _build(cfg['init_from'])
-    graph, state = train.restore_latest(rm, run_dir, cfg['optim'])
-    self._graph, self._params, self._rest = graph, state.params, state.rest
+    self._graph, self._params, self._rest = train.restore_latest(rm, run_dir)
     self.seq_len = int(cfg['data']['seq_len'])
 
   def __call__(self, records, responses) -> np.ndarray:

@@ -10,10 +10,7 @@ from flax import nnx
 from cascade_jax import checkpoint
 from cascade_jax import data
 from cascade_jax import model as model_lib
-from cascade_jax.train._state import init_state
-from cascade_jax.train._state import make_optimizer
 from cascade_jax.train._state import model_config
-from cascade_jax.train._state import OptimConfig
 
 
 def restore_run(run_dir: str, *, ctx=None):
@@ -26,29 +23,36 @@ def restore_run(run_dir: str, *, ctx=None):
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f'{run_dir} is not a run directory (no '
                             'config.json)')
-  with open(cfg_path) as f:
-    run_cfg = json.load(f)
   m = model_spec(run_dir)
   cfg = model_config(m['preset'], m.get('overrides') or {})
-  model = model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
-  graph, state = restore_latest(model, run_dir, run_cfg['optim'])
+  build = lambda: model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
+  # Unsharded: shapes only (no random init to throw away); sharded: real
+  # arrays, whose shardings the restore follows.
+  model = nnx.eval_shape(build) if ctx is None else build()
+  graph, params, rest = restore_latest(model, run_dir)
   tok = data.load_tokenizer(os.path.join(run_dir, 'tokenizer.model'))
   data.check_vocab(tok, cfg.vocab_size)
-  return cfg, nnx.merge(graph, state.params, state.rest), tok
+  return cfg, nnx.merge(graph, params, rest), tok
 
 
-def restore_latest(module: nnx.Module, run_dir: str, optim: dict):
-  """(graph, TrainState): `module`'s layout filled from the run's latest
-  checkpoint; `optim` is the run's optimizer config (the state's layout)."""
+def restore_latest(module: nnx.Module, run_dir: str):
+  """(graph, params, rest): `module`'s weights from the run's latest checkpoint.
+
+  `module` may be abstract (`nnx.eval_shape`). Only the weights are read,
+  not the optimizer state: a new stage starts its own optimizer.
+  """
   ck = checkpoint.Checkpointer(os.path.join(run_dir, 'checkpoints'))
   try:
     if ck.latest_step() is None:
       raise FileNotFoundError(f'{run_dir} has no checkpoint to restore')
-    graph, state = init_state(module, make_optimizer(OptimConfig(**optim)))
-    restored, _ = ck.restore(state.to_checkpoint())
+    graph, params, rest = nnx.split(module, nnx.Param, ...)
+    restored, _ = ck.restore(dict(params=params.to_pure_dict(),
+                                  rest=rest.to_pure_dict()), partial=True)
   finally:
     ck.close()
-  return graph, state.from_checkpoint(restored)
+  nnx.replace_by_pure_dict(params, restored['params'])
+  nnx.replace_by_pure_dict(rest, restored['rest'])
+  return graph, params, rest
 
 
 def model_spec(run_dir: str) -> dict:
