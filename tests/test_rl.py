@@ -13,6 +13,7 @@ from cascade_jax import data
 from cascade_jax import losses
 from cascade_jax import model
 from cascade_jax import rl
+from cascade_jax import rollout
 from cascade_jax import train
 
 
@@ -141,6 +142,30 @@ def test_more_updates_per_batch_are_off_policy_after_the_first(setup):
   with pytest.raises(ValueError, match='whole groups'):
     rl.update_minibatches(state, batch, graph=graph, opt=opt,
                           cfg=dataclasses.replace(c, updates_per_batch=3))
+
+
+def test_every_step_has_the_stream_width_and_compiles_once(setup):
+  tok, cfg, _ = setup
+  _, graph, state = _init(cfg)
+  # Prompts of 28 to 78 tokens: a batch's longest rounded up to the sampler's
+  # bucket (32) would give some steps 64 or 96 columns, others 78.
+  recs = [dict(id=str(i), domain='toy', messages=[
+      {'role': 'user', 'content': ' '.join(['a b c d e'] * (1 + i))}])
+          for i in range(6)]
+  stream = rl.PromptStream(recs)
+  width = stream.prompt_width(tok)
+  assert width % 32, width          # the case that used to recompile
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=2, max_new_tokens=4,
+                  dynamic_filtering=False)
+  policy = nnx.merge(graph, state.params, state.rest)
+  widths, traces = set(), []
+  for step in range(3):
+    batch, _, _, _ = rl.collect(policy, tok, stream, c, jax.random.key(step),
+                                reward_fn=share_of_a)
+    widths.add(batch['inputs'].shape[1])
+    traces.append(rollout.trace_count())
+  assert widths == {width + c.max_new_tokens - 1}
+  assert traces[-1] == traces[0], traces   # no sampler compile after the first
 
 
 def test_dynamic_filtering_drops_groups_with_equal_rewards(setup):

@@ -161,8 +161,7 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   """Rollouts for one step, after dynamic filtering and refills.
 
   Prompts are left-padded to `stream.prompt_width` (the stream's longest
-  prompt, bucketed), so every step has the same shapes and nothing
-  recompiles.
+  prompt), so every step has the same shapes and nothing recompiles.
 
   Returns (batch dict of numpy arrays, rewards [B], records [B], stats).
   """
@@ -180,7 +179,9 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
     key, sub = jax.random.split(key)
     t0 = time.perf_counter()
-    ptoks, plens = rollout.pad_prompts(prompts, sc.prompt_bucket, tok.pad_id,
+    # Exactly the stream's width: rounding a batch's longest prompt up to a
+    # bucket could exceed it, and each such step compiled twice more.
+    ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id,
                                        width=stream.prompt_width(tok))
     ro = rollout.generate_padded(policy, ptoks, plens, cfg=sc,
                                  stop_id=tok.im_end, pad_id=tok.pad_id,
