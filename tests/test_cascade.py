@@ -154,3 +154,26 @@ def test_report_marks_own_domain_changes_against_noise(tmp_path):
   md = open(out['markdown']).read()
   assert 'big: math +0.200 (beyond noise)' in md      # 2 SE ~ 0.06 at n=400
   assert 'small: math +0.020 (within noise)' in md
+
+
+def test_own_domain_noise_is_paired_over_the_eval_prompts(tmp_path):
+  # 100 prompts, 2 samples each: after the stage, 10 prompts that passed
+  # half the time pass always, nothing else moves. +0.05 is within two
+  # independent standard errors (~0.09) but far beyond the paired ones.
+  before = {str(i): (1.0 if i < 20 else 0.5 if i < 60 else 0.0)
+            for i in range(100)}
+  after = dict(before, **{str(i): 1.0 for i in range(20, 30)})
+
+  def rec(name, init, doms, pp):
+    p = float(np.mean(list(pp.values())))
+    return dict(name=name, kind='grpo' if init else 'sft', init_from=init,
+                domains=doms, train_s=1.0, eval_s=1.0, reward_model='',
+                scores={'math': dict(pass_rate=p, mean_reward=p, n=200,
+                                     prompts=100, prompt_pass=pp)})
+  records = [rec('sft', '', [], before), rec('rl', 'sft', ['math'], after)]
+  md = open(report.cascade_report(str(tmp_path), records)['markdown']).read()
+  assert 'rl: math +0.050 (beyond noise)' in md
+  for r in records:                    # without per-prompt results: within
+    del r['scores']['math']['prompt_pass']
+  md = open(report.cascade_report(str(tmp_path), records)['markdown']).read()
+  assert 'rl: math +0.050 (within noise)' in md

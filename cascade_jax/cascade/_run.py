@@ -65,7 +65,8 @@ def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
   scores = rollout.evaluate_model(model, tok, evals, temperature=temperature,
                                   samples=samples, seed=seed)
   return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n,
-                 prompts=s.n // samples, pass_se=s.pass_se)
+                 prompts=s.n // samples, pass_se=s.pass_se,
+                 prompt_pass=dict(s.prompt_pass))
           for d, s in scores.items()}
 
 

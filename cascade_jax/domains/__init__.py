@@ -23,6 +23,7 @@ from cascade_jax.domains._base import strip_think
 from cascade_jax.domains._eval import DomainScore
 from cascade_jax.domains._eval import evaluate
 from cascade_jax.domains._eval import format_scores
+from cascade_jax.domains._eval import paired_se
 from cascade_jax.domains._eval import score
 from cascade_jax.domains._records import load_jsonl
 from cascade_jax.domains._records import LoadReport

@@ -12,24 +12,51 @@ from cascade_jax.domains import _base
 @dataclasses.dataclass(frozen=True)
 class DomainScore:
   """A domain's scores; `pass_se` is the pass rate's standard error, with
-  the responses to one record (several samples) counted as one cluster."""
+  the responses to one record (several samples) counted as one cluster.
+
+  `prompt_pass` holds (record id, pass rate over its samples) per record:
+  two evaluations of the same records can then be compared prompt by
+  prompt (a paired difference, far less noisy than two independent rates).
+  """
   domain: str
   n: int
   mean_reward: float
   pass_rate: float
   pass_se: float = float('nan')
+  prompt_pass: tuple[tuple[str, float], ...] = ()
 
 
-def _clustered_se(records, scores) -> float:
+def _prompt_pass(records, scores) -> tuple[tuple[str, float], ...]:
   by_rec = collections.defaultdict(list)
   for i, (r, s) in enumerate(zip(records, scores)):
-    by_rec[r.get('id', i)].append(float(s.passed))
-  means = [sum(v) / len(v) for v in by_rec.values()]
+    by_rec[str(r.get('id', i))].append(float(s.passed))
+  return tuple((k, sum(v) / len(v)) for k, v in by_rec.items())
+
+
+def _clustered_se(prompt_pass) -> float:
+  means = [m for _, m in prompt_pass]
   if len(means) < 2:
     return float('nan')
   mu = sum(means) / len(means)
   var = sum((m - mu) ** 2 for m in means) / (len(means) - 1)
   return (var / len(means)) ** 0.5
+
+
+def paired_se(a: Sequence[tuple[str, float]],
+              b: Sequence[tuple[str, float]]) -> float:
+  """Standard error of mean(b) - mean(a) over the records both scored.
+
+  Per-record differences of pass rates (each the mean over its samples):
+  the records' difficulty cancels, the sampling noise of both stays. NaN
+  unless both scored the same records (at least two).
+  """
+  da, db = dict(a), dict(b)
+  if len(da) < 2 or da.keys() != db.keys():
+    return float('nan')
+  d = [db[k] - da[k] for k in da]
+  mu = sum(d) / len(d)
+  var = sum((x - mu) ** 2 for x in d) / (len(d) - 1)
+  return (var / len(d)) ** 0.5
 
 
 def score(records: Sequence[_base.Record], responses: Sequence[str], *,
@@ -64,9 +91,10 @@ def evaluate(records: Sequence[_base.Record], responses: Sequence[str], *,
   out = {}
   for d, pairs in sorted(acc.items()):
     recs, ss = zip(*pairs)
+    pp = _prompt_pass(recs, ss)
     out[d] = DomainScore(d, len(ss), sum(s.reward for s in ss) / len(ss),
                          sum(s.passed for s in ss) / len(ss),
-                         _clustered_se(recs, ss))
+                         _clustered_se(pp), pp)
   return out
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cascade_jax import domains
 from cascade_jax import utils
 from cascade_jax.report._plots import plot_curves
 from cascade_jax.report._plots import plot_matrix
@@ -107,8 +108,9 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
         'Against the stage it started from (its `from`):', '',
         '![changes](deltas.png)', '']
   md.append('Own-domain changes, against two standard errors of the '
-            'difference (each pass rate\'s standard error over the eval '
-            'prompts, a prompt\'s samples counted together):')
+            'difference, paired over the eval prompts (per prompt: its pass '
+            'rate over the samples after the stage minus before; without '
+            'per-prompt results, each rate\'s own standard error):')
   md.append('')
   for n, g in own_gains.items():
     start = by_name[n]['init_from']
@@ -138,11 +140,21 @@ def metric_label(records: Sequence[dict]) -> str:
 
 
 def _se_diff(a: dict, b: dict, domain: str) -> float:
-  """Standard error of the difference of two pass rates: each stage's own
-  (clustered by prompt) when recorded, else binomial over the prompts."""
+  """Standard error of the difference of two stages' pass rates.
+
+  Paired over the eval prompts when both stages recorded per-prompt pass
+  rates on the same prompts (the cascade does); else from each stage's own
+  standard error (clustered by prompt), or binomial over the prompts, as if
+  the two were independent (which overstates the noise of a difference).
+  """
+  sa, sb = a['scores'][domain], b['scores'][domain]
+  if sa.get('prompt_pass') and sb.get('prompt_pass'):
+    se = domains.paired_se(list(sa['prompt_pass'].items()),
+                           list(sb['prompt_pass'].items()))
+    if np.isfinite(se):
+      return se
   var = 0.0
-  for r in (a, b):
-    sc = r['scores'][domain]
+  for sc in (sa, sb):
     se = sc.get('pass_se')
     if se is None or not np.isfinite(se):
       p, n = sc['pass_rate'], max(sc.get('prompts', sc.get('n', 1)), 1)
