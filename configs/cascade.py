@@ -13,7 +13,8 @@ Reorder, drop or add stages from the command line or a copy of this file:
 
 MOPD names its teachers by domain -> stage (math: the SFT checkpoint; IF:
 IF-RL; multi-domain: multi-domain RL; preference: the RLHF side branch),
-as in the paper. RLHF uses the Bradley-Terry reward model with KL 0.03.
+as in the paper. RLHF uses the Bradley-Terry reward model with a KL penalty
+(the paper's 0.03; 0.1 at this scale, see RLHF_KL).
 """
 
 import ml_collections
@@ -25,18 +26,30 @@ from configs import sft as sft_config
 DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
                  'long_context_rl,code_rl,swe_rl')
 
+# The paper's RLHF KL coefficient is 0.03. At this scale the policy found
+# what the reward model over-rewards within 30 steps at 0.03: its score
+# rose 1.9 -> 4.3 while the judge's pass rate fell 0.52 -> 0.48 (from one
+# MOPD checkpoint, 256 prompts x 2 samples; 0.05: 0.52 -> 0.52); at 0.1 the
+# same stage went 0.52 -> 0.74 and 0.77 (two seeds), the RLHF branch from
+# SFT 0.52 -> 0.74 (0.67 at 0.03). --config.stages.rlhf.rl.kl_coef=0.03
+# restores the paper's value.
+RLHF_KL = 0.1
 # RL stage -> (domain(s), levels, generator options, steps, lr, extra rl).
 # max_new_tokens is 48 unless a stage's answers are short (the learner's
 # sequences are prompt + budget long).
 RL_STAGES = {
     'rlhf_branch': ('preference', (1, 2, 3), {}, 20, 2e-4,
-                    dict(kl_coef=0.03, dynamic_filtering=False,
+                    dict(kl_coef=RLHF_KL, dynamic_filtering=False,
                          max_new_tokens=32)),
+    # 16 prompts a step: IF's reward is a fraction of constraints, and the
+    # doubled batch raised pass@1 +0.055 where 8 prompts gave +0.010 (30
+    # steps from one SFT checkpoint, 256 prompts x 2 samples).
     'if_rl': ('instruction_following', (1, 2), {}, 30, 2e-4,
-              dict(max_new_tokens=32)),
-    'multi_domain_rl': ('multi_domain', (1,), {}, 30, 2e-4, {}),
+              dict(max_new_tokens=32, prompts_per_step=16)),
+    'multi_domain_rl': ('multi_domain', (1, 2),
+                        {'kinds': sft_config.MULTI_DOMAIN_KINDS}, 30, 2e-4, {}),
     'rlhf': ('preference', (1, 2, 3), {}, 30, 2e-4,
-             dict(kl_coef=0.03, dynamic_filtering=False, max_new_tokens=32)),
+             dict(kl_coef=RLHF_KL, dynamic_filtering=False, max_new_tokens=32)),
     'long_context_rl': ('long_context', (1,),
                         {'kinds': sft_config.LONG_CONTEXT_KINDS}, 30, 2e-4,
                         dict(max_new_tokens=16)),
@@ -93,7 +106,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.order = DEFAULT_ORDER
-  c.eval_n = 8 if quick else 128     # eval prompts per domain after each stage
+  # Eval prompts per domain after each stage: at 128 two paired standard
+  # errors of a stage's change were ~0.05-0.07, at 256 ~0.035-0.04.
+  c.eval_n = 8 if quick else 256
   # The policy as RL trains it: pass@1 at the sampling temperature, the mean
   # over 2 samples per prompt (greedy decoding hides most of what RL does at
   # this size: it moves probability mass before it flips the argmax).

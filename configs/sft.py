@@ -17,7 +17,7 @@ import ml_collections
 
 # Domain -> (weight, levels, generator options). Levels the model can part-
 # learn in a few minutes (CPU_SCALE.md: RL needs a non-zero pass rate to
-# learn from): IF with one or two constraints, multi-domain at level 1.
+# learn from): IF with one or two constraints, multi-domain at levels 1-2.
 # Math, code and SWE split by prompt: a model this
 # small cannot derive arithmetic facts or function specs it never saw, so
 # their eval prompts are new phrasings / examples / tests of problems that
@@ -28,15 +28,21 @@ import ml_collections
 # leaves every RL domain answered right only part of the time, and each
 # RL stage has its domain's mistake to unlearn, as in the paper, whose SFT
 # data also comes from imperfect teachers.
-# Long context: presence checks and counts over 8 records. Lookups and
-# needles need induction heads that a model this size has not formed after
-# a few minutes of SFT (measured: lookups at chance, needles 0%), so RL has
-# nothing to sharpen there. Its answers are mostly yes / no: at quality 0.5
-# a flipped answer would make the labels pure noise, hence 0.75.
-LONG_CONTEXT_KINDS = ('has', 'count')
+# Long context: counts over 8 records. Lookups and needles need induction
+# heads that a model this size has not formed after a few minutes of SFT
+# (measured: lookups at chance, needles 0%), and so do presence checks
+# ('has': 0.50 -> 0.55 through long-context RL, i.e. chance), so RL has
+# nothing to sharpen there; counting it can part-learn.
+LONG_CONTEXT_KINDS = ('count',)
+# Multi-domain: the recipe's mix is 55% multiple choice, which this model
+# answers at chance (4 options) before and after RL; tool calls and
+# structured output (copying values from the prompt) it part-learns, so
+# they get most of the weight here.
+MULTI_DOMAIN_KINDS = {'mcq': 0.3, 'tool_call': 0.35, 'structured': 0.35}
 SOURCES = {
     'instruction_following': (1.0, (1, 2), {'response_quality': 0.5}),
-    'multi_domain': (1.0, (1,), {'response_quality': 0.5}),
+    'multi_domain': (1.0, (1, 2), {'response_quality': 0.5,
+                                   'kinds': MULTI_DOMAIN_KINDS}),
     'math': (1.0, (1, 2), {'split_by': 'prompt'}),
     'code': (1.0, (1, 2, 3), {'split_by': 'prompt', 'response_quality': 0.5}),
     'long_context': (2.0, (1,), {'response_quality': 0.75,

@@ -168,6 +168,19 @@ def test_multi_domain_formats():
   assert scores[6].reward == 0.5
 
 
+def test_multi_domain_kinds_reweight_the_mix():
+  recs = domains.generate('multi_domain', split='train', n=200, seed=0,
+                          levels=(1, 2), kinds={'structured': 1.0})
+  assert {r['kind'] for r in recs} == {'structured'}
+  mixed = domains.generate('multi_domain', split='train', n=300, seed=0,
+                           levels=(2,), kinds={'tool_call': 1, 'mcq': 1})
+  counts = {k: sum(r['kind'] == k for r in mixed) for k in ('tool_call', 'mcq')}
+  assert min(counts.values()) > 100, counts
+  for bad in ({'essay': 1.0}, {'mcq': 0.0}, {'mcq': -1.0}):
+    with pytest.raises(ValueError, match='multi_domain: kinds'):
+      domains.generate('multi_domain', split='train', n=1, kinds=bad)
+
+
 def test_long_context_length_is_configurable():
   short = domains.generate('long_context', split='train', n=5, seed=0,
                            levels=(1,))

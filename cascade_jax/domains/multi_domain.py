@@ -6,6 +6,8 @@ r"""Multi-domain RL tasks, mixed as in the recipe: multiple choice (55%), tool c
 - structured: a JSON object with the required keys; the reward is the
   fraction of keys with the right value, `passed` needs all and no extras.
 Levels raise the number of distractors that are close to the answer.
+`kinds` reweights the mix (e.g. {'structured': 0.5, 'tool_call': 0.3,
+'mcq': 0.2}); the default is the recipe's.
 """
 
 from __future__ import annotations
@@ -106,8 +108,8 @@ def _structured(rng: random.Random, level: int):
 _MAKERS = {'mcq': _mcq, 'tool_call': _tool_call, 'structured': _structured}
 
 
-def _make(rng: random.Random, level: int):
-  kinds, weights = zip(*KIND_WEIGHTS)
+def _make(rng: random.Random, level: int, kind_weights=KIND_WEIGHTS):
+  kinds, weights = zip(*kind_weights)
   kind = rng.choices(kinds, weights)[0]
   key, rec = _MAKERS[kind](rng, level)
   return f'{kind}/{key}', rec
@@ -140,8 +142,19 @@ def _flaw(rng: random.Random, rec: dict) -> str:
 
 
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
-             split_by='problem', response_quality=1.0):
-  return _base.sample(_make, domain='multi_domain', split=split, n=n,
+             split_by='problem', response_quality=1.0, kinds=None):
+  weights = KIND_WEIGHTS
+  if kinds is not None:
+    kinds = dict(kinds)
+    bad = sorted(set(kinds) - set(_MAKERS))
+    if bad or not kinds or any(w < 0 for w in kinds.values()) or not sum(
+        kinds.values()):
+      raise ValueError(f'multi_domain: kinds must map some of '
+                       f'{sorted(_MAKERS)} to weights >= 0 (not all 0), got '
+                       f'{kinds}')
+    weights = tuple(sorted(kinds.items()))
+  make = lambda rng, level: _make(rng, level, weights)
+  return _base.sample(make, domain='multi_domain', split=split, n=n,
                       seed=seed, levels=levels, eval_fraction=eval_fraction,
                       split_by=split_by, response_quality=response_quality,
                       flaw=_flaw)
