@@ -108,6 +108,18 @@ def test_a_killed_stage_resumes(tmp_path):
   steps = [r['step'] for r in rows if 'reward_mean' in r]
   assert steps == [1, 2, 3]          # 1-2 before the "kill", 3 after resume
   assert records[-1]['name'] == 'if_rl'
+  # The stage again, from the run's SFT checkpoint, with another lr.
+  c.stages.if_rl.optim.lr = 1e-3
+  rows = cascade.rerun_stage(c, str(tmp_path), 'if_rl', str(tmp_path / 'again'))
+  assert [r['domain'] for r in rows] == ['instruction_following']
+  r = rows[0]
+  assert r['before'] == records[0]['scores']['instruction_following']['pass_rate']
+  assert abs(r['change'] - (r['after'] - r['before'])) < 1e-9 and r['se'] >= 0
+  assert json.load(open(tmp_path / 'again' / 'config.json'))['optim']['lr'] == 1e-3
+  with pytest.raises(ValueError, match='only RL stages'):
+    cascade.rerun_stage(c, str(tmp_path), 'sft', str(tmp_path / 'x'))
+  with pytest.raises(ValueError, match="no stage 'rlhf9'"):
+    cascade.rerun_stage(c, str(tmp_path), 'rlhf9', str(tmp_path / 'x'))
 
 
 def test_sweep_report_gives_mean_and_spread(tmp_path):

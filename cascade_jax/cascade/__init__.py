@@ -3,5 +3,6 @@
 from cascade_jax.cascade._plan import KINDS
 from cascade_jax.cascade._plan import plan
 from cascade_jax.cascade._plan import Stage
+from cascade_jax.cascade._run import rerun_stage
 from cascade_jax.cascade._run import run
 from cascade_jax.cascade._run import stage_dir

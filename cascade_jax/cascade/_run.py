@@ -18,6 +18,7 @@ import time
 
 import ml_collections
 
+from cascade_jax import domains
 from cascade_jax import reward_model
 from cascade_jax import rl
 from cascade_jax import rollout
@@ -122,6 +123,48 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     print(f'[cascade] {st.name} done in {train_s:.0f}s (+{rec["eval_s"]:.0f}s '
           f'eval); {time.perf_counter() - t_start:.0f}s so far', flush=True)
   return records
+
+
+def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
+                out_dir: str, *, init_from: str = '') -> list[dict]:
+  """One RL stage of a finished cascade again, scored against its start.
+
+  The stage (with `config`'s settings, e.g. changed hyperparameters) starts
+  from `run_dir`'s checkpoint of `init_from` (default: the stage's own
+  start), with the run's reward model and teachers, and writes to
+  `out_dir`. Both ends are scored on the stage's own domains, on the
+  cascade's eval prompts, and compared prompt by prompt.
+
+  Returns per domain: before, after, change and the paired standard error
+  of the change (also written to `out_dir`/rerun.json).
+  """
+  stages = {s.name: s for s in plan(config)}
+  if name not in stages:
+    raise ValueError(f'rerun_stage: no stage {name!r} in the cascade '
+                     f'(stages: {sorted(stages)})')
+  st = stages[name]
+  if st.kind not in ('grpo', 'mopd'):
+    raise ValueError(f'rerun_stage: {name} is a {st.kind} stage; only RL '
+                     'stages (grpo, mopd) can be rerun')
+  c = runner_config(st, run_dir, config.seed)
+  c.init_from = stage_dir(run_dir, init_from or st.init_from)
+  rl.run(c, out_dir)
+  own = _domains(st)
+  evals = {d: v for d, v in eval_sets(config).items() if d in own}
+  kw = dict(temperature=config.eval_temperature, samples=config.eval_samples,
+            seed=config.seed)
+  before = score_stage(c.init_from, evals, **kw)
+  after = score_stage(out_dir, evals, **kw)
+  rows = []
+  for d in sorted(evals):
+    a, b = before[d], after[d]
+    rows.append(dict(domain=d, before=a['pass_rate'], after=b['pass_rate'],
+                     change=b['pass_rate'] - a['pass_rate'],
+                     se=domains.paired_se(list(a['prompt_pass'].items()),
+                                          list(b['prompt_pass'].items()))))
+  with open(os.path.join(out_dir, 'rerun.json'), 'w') as f:
+    json.dump(dict(stage=name, init_from=c.init_from, rows=rows), f, indent=2)
+  return rows
 
 
 def _changed(c: ml_collections.ConfigDict, run_dir: str) -> bool:

@@ -1,0 +1,46 @@
+"""One RL stage of a finished cascade again (e.g. with other hyperparameters), against its start.
+
+  python -m experiments.rerun_stage --config=configs/cascade.py \
+      --run=runs/cascade --stage=if_rl --workdir=runs/if_rl_16 \
+      --config.stages.if_rl.rl.prompts_per_step=16
+
+The stage starts from the run's checkpoint of its own starting stage (or
+--init_from), with the run's reward model and teachers; both ends are scored
+on the stage's own domains on the cascade's eval prompts (--config.eval_n,
+--config.eval_samples) and compared prompt by prompt.
+"""
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from cascade_jax import cascade
+from cascade_jax import utils
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', 'configs/cascade.py', 'The cascade config the run used.',
+    lock_config=True)
+_RUN = flags.DEFINE_string('run', None, 'A cascade run directory.',
+                           required=True)
+_STAGE = flags.DEFINE_string('stage', None, 'The RL stage to rerun.',
+                             required=True)
+_INIT = flags.DEFINE_string('init_from', '', 'Start from this stage of the '
+                            "run instead of the stage's own start.")
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where the rerun writes.',
+                               required=True)
+
+
+def main(argv):
+  del argv
+  utils.quiet_logs()
+  rows = cascade.rerun_stage(_CONFIG.value, _RUN.value, _STAGE.value,
+                             _WORKDIR.value, init_from=_INIT.value)
+  print(utils.format_table(
+      ['domain', 'before', 'after', 'change', '2 SE (paired)', ''],
+      [[r['domain'], r['before'], r['after'], f"{r['change']:+.3f}",
+        2 * r['se'], 'beyond' if abs(r['change']) > 2 * r['se'] else 'within']
+       for r in rows]))
+
+
+if __name__ == '__main__':
+  app.run(main)
