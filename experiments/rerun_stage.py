@@ -6,8 +6,9 @@
 
 The stage starts from the run's checkpoint of its own starting stage (or
 --init_from), with the run's reward model and teachers; both ends are scored
-on the stage's own domains on the cascade's eval prompts (--config.eval_n,
---config.eval_samples) and compared prompt by prompt.
+on every domain as the cascade scores a stage (--config.eval_n,
+--config.eval_samples) and compared prompt by prompt; * marks the stage's
+own domains.
 """
 
 from absl import app
@@ -37,7 +38,8 @@ def main(argv):
                              _WORKDIR.value, init_from=_INIT.value)
   print(utils.format_table(
       ['domain', 'before', 'after', 'change', '2 SE (paired)', ''],
-      [[r['domain'], r['before'], r['after'], f"{r['change']:+.3f}",
+      [[r['domain'] + ('*' if r['own'] else ''), r['before'], r['after'],
+        f"{r['change']:+.3f}",
         2 * r['se'], 'beyond' if abs(r['change']) > 2 * r['se'] else 'within']
        for r in rows]))
 

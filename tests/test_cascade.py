@@ -111,10 +111,12 @@ def test_a_killed_stage_resumes(tmp_path):
   # The stage again, from the run's SFT checkpoint, with another lr.
   c.stages.if_rl.optim.lr = 1e-3
   rows = cascade.rerun_stage(c, str(tmp_path), 'if_rl', str(tmp_path / 'again'))
-  assert [r['domain'] for r in rows] == ['instruction_following']
-  r = rows[0]
-  assert r['before'] == records[0]['scores']['instruction_following']['pass_rate']
-  assert abs(r['change'] - (r['after'] - r['before'])) < 1e-9 and r['se'] >= 0
+  assert rows[0]['domain'] == 'instruction_following' and rows[0]['own']
+  assert len(rows) == 7 and not any(r['own'] for r in rows[1:])
+  for r in rows:   # the start's scores are the ones the cascade recorded
+    assert r['before'] == records[0]['scores'][r['domain']]['pass_rate']
+    assert abs(r['change'] - (r['after'] - r['before'])) < 1e-9
+    assert r['se'] >= 0 or np.isnan(r['se'])
   assert json.load(open(tmp_path / 'again' / 'config.json'))['optim']['lr'] == 1e-3
   with pytest.raises(ValueError, match='only RL stages'):
     cascade.rerun_stage(c, str(tmp_path), 'sft', str(tmp_path / 'x'))

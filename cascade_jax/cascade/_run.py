@@ -132,11 +132,13 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
   The stage (with `config`'s settings, e.g. changed hyperparameters) starts
   from `run_dir`'s checkpoint of `init_from` (default: the stage's own
   start), with the run's reward model and teachers, and writes to
-  `out_dir`. Both ends are scored on the stage's own domains, on the
-  cascade's eval prompts, and compared prompt by prompt.
+  `out_dir`. Both ends are scored as the cascade scores a stage (every
+  domain, same prompts and sampling keys: the start's scores are the run's
+  own) and compared prompt by prompt.
 
-  Returns per domain: before, after, change and the paired standard error
-  of the change (also written to `out_dir`/rerun.json).
+  Returns per domain (the stage's own first): before, after, change, the
+  paired standard error of the change and whether it is the stage's own
+  (also written to `out_dir`/rerun.json).
   """
   stages = {s.name: s for s in plan(config)}
   if name not in stages:
@@ -150,15 +152,16 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
   c.init_from = stage_dir(run_dir, init_from or st.init_from)
   rl.run(c, out_dir)
   own = _domains(st)
-  evals = {d: v for d, v in eval_sets(config).items() if d in own}
+  evals = eval_sets(config)
   kw = dict(temperature=config.eval_temperature, samples=config.eval_samples,
             seed=config.seed)
   before = score_stage(c.init_from, evals, **kw)
   after = score_stage(out_dir, evals, **kw)
   rows = []
-  for d in sorted(evals):
+  for d in sorted(evals, key=lambda d: (d not in own, d)):
     a, b = before[d], after[d]
-    rows.append(dict(domain=d, before=a['pass_rate'], after=b['pass_rate'],
+    rows.append(dict(domain=d, own=d in own, before=a['pass_rate'],
+                     after=b['pass_rate'],
                      change=b['pass_rate'] - a['pass_rate'],
                      se=domains.paired_se(list(a['prompt_pass'].items()),
                                           list(b['prompt_pass'].items()))))
