@@ -33,13 +33,13 @@ def _prompt_pass(records, scores) -> tuple[tuple[str, float], ...]:
   return tuple((k, sum(v) / len(v)) for k, v in by_rec.items())
 
 
-def _clustered_se(prompt_pass) -> float:
-  means = [m for _, m in prompt_pass]
-  if len(means) < 2:
+def _se_of_mean(xs: Sequence[float]) -> float:
+  """Standard error of the mean of `xs` (NaN for fewer than two)."""
+  if len(xs) < 2:
     return float('nan')
-  mu = sum(means) / len(means)
-  var = sum((m - mu) ** 2 for m in means) / (len(means) - 1)
-  return (var / len(means)) ** 0.5
+  mu = sum(xs) / len(xs)
+  var = sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)
+  return (var / len(xs)) ** 0.5
 
 
 def paired_se(a: Sequence[tuple[str, float]],
@@ -51,12 +51,9 @@ def paired_se(a: Sequence[tuple[str, float]],
   unless both scored the same records (at least two).
   """
   da, db = dict(a), dict(b)
-  if len(da) < 2 or da.keys() != db.keys():
+  if da.keys() != db.keys():
     return float('nan')
-  d = [db[k] - da[k] for k in da]
-  mu = sum(d) / len(d)
-  var = sum((x - mu) ** 2 for x in d) / (len(d) - 1)
-  return (var / len(d)) ** 0.5
+  return _se_of_mean([db[k] - da[k] for k in da])
 
 
 def score(records: Sequence[_base.Record], responses: Sequence[str], *,
@@ -94,7 +91,7 @@ def evaluate(records: Sequence[_base.Record], responses: Sequence[str], *,
     pp = _prompt_pass(recs, ss)
     out[d] = DomainScore(d, len(ss), sum(s.reward for s in ss) / len(ss),
                          sum(s.passed for s in ss) / len(ss),
-                         _clustered_se(pp), pp)
+                         _se_of_mean([m for _, m in pp]), pp)
   return out
 
 

@@ -65,17 +65,19 @@ def evaluate_model(model, tok: data.Tokenizer,
   # Domains whose verifier runs programs first: their sandbox scoring (on a
   # scoring thread; the sandbox's processes do the work) then overlaps the
   # generation of the domains after them.
-  names = sorted(eval_sets, key=lambda d: (not _needs_sandbox(d), d))
+  # A domain's sampling key follows its place in name order, whatever the
+  # order of generation.
+  index = {d: i for i, d in enumerate(sorted(eval_sets))}
   with concurrent.futures.ThreadPoolExecutor(1) as scoring:
     pending = {}
-    for name in names:
+    for name in sorted(index, key=lambda d: (not _needs_sandbox(d), d)):
       recs = eval_sets[name]
       cfg = SampleConfig(max_new_tokens=max_new_tokens_for(tok, recs),
                          temperature=temperature)
       recs = list(recs) * samples
-      i = sorted(eval_sets).index(name)     # the seed follows the name
       resp = responses_for(model, tok, recs, cfg=cfg, batch_size=batch_size,
-                           key=jax.random.fold_in(jax.random.key(seed), i))
+                           key=jax.random.fold_in(jax.random.key(seed),
+                                                  index[name]))
       pending[name] = scoring.submit(domains.evaluate, recs, resp,
                                      sandbox=sandbox)
     scores = {}
