@@ -99,9 +99,16 @@ class Attention(nnx.Module):
 
     g = n // k
     if kv_cache is None:
-      keys, values = kk.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+      q = q.reshape(b, t, k, g, h)
+      logits = jnp.einsum('btkgh,bskh->bkgts', q, kk,
+                          preferred_element_type=jnp.float32)
+      if mask_bts is None:
+        mask_bts = attention_mask(positions_bt, segment_ids_bt, positions_bt,
+                                  segment_ids_bt)
+      logits = jnp.where(mask_bts[:, None, None], logits * h ** -0.5, _NEG_INF)
+      probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+      out = jnp.einsum('bkgts,bskh->btkgh', probs, v)  # [B, T, K, G, H]
       new_kv = (kk, v)
-      k_pos, k_seg = positions_bt, segment_ids_bt
     else:
       ck, cv = kv_cache
       keys = jax.lax.dynamic_update_slice_in_dim(
@@ -109,20 +116,20 @@ class Attention(nnx.Module):
       values = jax.lax.dynamic_update_slice_in_dim(
           cv, v.transpose(0, 2, 1, 3).astype(cv.dtype), cache_index, axis=2)
       new_kv = (keys, values)
-      k_pos, k_seg = cache_positions_bs, cache_segment_ids_bs
-    if mask_bts is None:
-      mask_bts = attention_mask(positions_bt, segment_ids_bt, k_pos, k_seg)
-    # Queries as [B, K, T*G, H]: one plain batched matmul per kv head over
-    # the keys [B, K, S, H] (for decoding, T = 1, ~1.7x faster on XLA:CPU
-    # than a five-axis einsum with G and T as separate dot dimensions).
-    q = q.reshape(b, t, k, g, h).transpose(0, 2, 1, 3, 4).reshape(b, k, t * g, h)
-    logits = jnp.einsum('bkqh,bksh->bkqs', q, keys.astype(dt),
-                        preferred_element_type=jnp.float32)
-    logits = logits.reshape(b, k, t, g, -1) * h ** -0.5
-    logits = jnp.where(mask_bts[:, None, :, None], logits, _NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, k, t * g, -1)
-    out = jnp.einsum('bkqs,bksh->bkqh', probs, values.astype(dt))
-    out = out.reshape(b, k, t, g, h).transpose(0, 2, 1, 3, 4)
+      # Queries as [B, K, T*G, H]: one plain batched matmul per kv head over
+      # the cache (for decoding, T = 1, ~1.7x faster on XLA:CPU than the
+      # five-axis einsum with G and T as separate dot dimensions).
+      q = q.reshape(b, t, k, g, h).transpose(0, 2, 1, 3, 4).reshape(b, k, t * g, h)
+      logits = jnp.einsum('bkqh,bksh->bkqs', q, keys.astype(dt),
+                          preferred_element_type=jnp.float32)
+      if mask_bts is None:
+        mask_bts = attention_mask(positions_bt, segment_ids_bt,
+                                  cache_positions_bs, cache_segment_ids_bs)
+      logits = logits.reshape(b, k, t, g, -1) * h ** -0.5
+      logits = jnp.where(mask_bts[:, None, :, None], logits, _NEG_INF)
+      probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, k, t * g, -1)
+      out = jnp.einsum('bkqs,bksh->bkqh', probs, values.astype(dt))
+      out = out.reshape(b, k, t, g, h).transpose(0, 2, 1, 3, 4)
     out_nd = out.reshape(b * t, n * h)
     y = out_nd @ self.w_o_nhd[...].astype(dt).reshape(n * h, d)
     return y.reshape(b, t, d), new_kv
