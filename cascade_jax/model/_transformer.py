@@ -36,8 +36,8 @@ class KVCache:
   written at `index`, the same slot for every row; rows of different prompt
   lengths are left-padded with segment 0.
   """
-  k: tuple[jax.Array, ...]         # per attention layer: [B, K, S, H]
-  v: tuple[jax.Array, ...]
+  k: tuple[jax.Array, ...]         # per attention layer: [B, K, H, S]
+  v: tuple[jax.Array, ...]         # per attention layer: [B, K, S, H]
   positions: jax.Array             # [B, S] int32
   segment_ids: jax.Array           # [B, S] int32
   index: jax.Array                 # [] int32, next slot to write
@@ -51,10 +51,11 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int,
                dtype: str | None = None) -> KVCache:
   dt = jnp.dtype(dtype or cfg.dtype)
   n_attn = cfg.pattern.count(ATTENTION)
-  shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+  k_shape = (batch, cfg.num_kv_heads, cfg.head_dim, max_len)
+  v_shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   return KVCache(
-      k=tuple(jnp.zeros(shape, dt) for _ in range(n_attn)),
-      v=tuple(jnp.zeros(shape, dt) for _ in range(n_attn)),
+      k=tuple(jnp.zeros(k_shape, dt) for _ in range(n_attn)),
+      v=tuple(jnp.zeros(v_shape, dt) for _ in range(n_attn)),
       positions=jnp.zeros((batch, max_len), jnp.int32),
       segment_ids=jnp.zeros((batch, max_len), jnp.int32),
       index=jnp.zeros((), jnp.int32))
