@@ -86,6 +86,26 @@ def test_dispatch_paths_agree_with_dense_when_nothing_dropped(
                               nnx.state(g0, nnx.Param), atol=1e-5)
 
 
+@pytest.mark.parametrize('activation', ['swiglu', 'relu2'])
+@pytest.mark.parametrize('layout_tokens, tokens', [
+    (1, 1), (3, 3),   # per-expert layout, one switch per (token, choice)
+    (1, 12),          # per-expert layout for a prefill: every expert in turn
+    (4, 4), (4, 16),  # flat layout
+])
+def test_decode_path_equals_dense(activation, layout_tokens, tokens):
+  cfg = _moe_cfg(num_experts=8, activation=activation, num_shared_experts=1,
+                 shared_expert_dim=8)
+  m = model.MoE(cfg, rngs=nnx.Rngs(0))
+  dw = m.decode_weights(jnp.float32, layout_tokens)
+  assert (dw.per_expert is not None) == (layout_tokens * 2 < 8)
+  x = _x(b=1, t=tokens, seed=tokens)
+  ref, info = m(x, with_stats=False)
+  y, info_dec = jax.jit(lambda x, dw: m(x, with_stats=False,
+                                        decode_weights=dw))(x, dw)
+  np.testing.assert_array_equal(info_dec['expert_idx'], info['expert_idx'])
+  np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_capacity_drops_are_counted_and_zeroed():
   # Route all 8 tokens to expert 0 by replay: with capacity factor 1,
   # C = N k / E = 8 * 1 / 4 = 2 fit, 6 of 8 are dropped.

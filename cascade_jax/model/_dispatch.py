@@ -16,10 +16,15 @@ expert-parallel path (inside `shard_map`).
   blocks (capacity = factor * tokens * top_k / experts, the overflow is
   dropped and counted), exchanged with `all_to_all` under expert parallelism.
   Both gathers have gather-only backward passes (see `_gather_rows`).
+
+Decoding (the sampler's few tokens a step, one device) has its own exact
+path, `decode_forward`, over weights laid out once per generation by
+`decode_weights`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -94,20 +99,15 @@ def _dense_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
   """
   w_gate, w_up, w_down = ws
   num_local, d, f = w_gate.shape
-  local_ids = first_expert + jnp.arange(num_local)
-  # [N, E_local]: the gate weight token n gives local expert e (0 if unchosen).
-  comb_ne = jnp.einsum('nk,nke->ne', w_nk,
-                       (idx_nk[..., None] == local_ids).astype(w_nk.dtype))
+  comb_ne = _combine_weights(idx_nk, w_nk, num_local, first_expert)
   if not flat_dense(x_nd.shape[0], idx_nk.shape[1], num_local):
     x_end = jnp.broadcast_to(x_nd, (num_local,) + x_nd.shape)
     y_end = _expert_mlp_ecd(x_end, w_gate, w_up, w_down, act)
     return jnp.einsum('end,ne->nd', y_end, comb_ne.astype(y_end.dtype))
   flat = lambda w: w.transpose(1, 0, 2).reshape(d, num_local * f)
-  g = x_nd @ flat(w_gate)
-  u = None if w_up is None else x_nd @ flat(w_up)
-  h_nef = activation(act, g, u).reshape(-1, num_local, f)
-  h_nef = h_nef * comb_ne.astype(h_nef.dtype)[:, :, None]
-  return h_nef.reshape(-1, num_local * f) @ w_down.reshape(num_local * f, d)
+  return _flat_mlp(x_nd, comb_ne, flat(w_gate),
+                   None if w_up is None else flat(w_up),
+                   w_down.reshape(num_local * f, d), act)
 
 
 def flat_dense(num_tokens: int, top_k: int, num_experts: int) -> bool:
@@ -199,6 +199,103 @@ def _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
   y_pd = _gather_rows(y_ecd.reshape(num_slots, d), slot_nk.reshape(-1),
                       pair_of_slot[:, None])
   return _combine(y_pd.reshape(n, k, d), w_nk), keep_nk
+
+
+# ------------------------------------------------------------------ decode
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecodeWeights:
+  """One MoE layer's experts laid out for a generation that decodes N tokens a step.
+
+  Exactly one layout is set, chosen by `decode_weights` from N:
+  - `per_expert` (fewer (token, choice) pairs than experts): expert e's
+    (gate [D, F], up [D, F] or None, down [F, D]) as separate arrays, so
+    that a step reads the chosen experts' weights alone;
+  - `flat` (otherwise): (gate [D, E, F], up [D, E, F] or None,
+    down [E, F, D]), i.e. `dense`'s two flat matmuls ([N, D] @ [D, E*F]).
+  Laid out once per generation, so that neither the prefill nor any step
+  transposes or copies weights.
+  """
+  per_expert: tuple[tuple[jax.Array, jax.Array | None, jax.Array], ...] | None = None
+  flat: tuple[jax.Array, jax.Array | None, jax.Array] | None = None
+
+
+def decode_weights(ws, num_tokens: int, top_k: int) -> DecodeWeights:
+  """Lays out (w_gate [E, D, F], w_up or None, w_down [E, F, D]) for `decode_forward`."""
+  w_gate, w_up, w_down = ws
+  num_experts = w_gate.shape[0]
+  if num_tokens * top_k < num_experts:
+    return DecodeWeights(per_expert=tuple(
+        (w_gate[e], None if w_up is None else w_up[e], w_down[e])
+        for e in range(num_experts)))
+  swap = lambda w: w.transpose(1, 0, 2)
+  return DecodeWeights(flat=(swap(w_gate),
+                             None if w_up is None else swap(w_up), w_down))
+
+
+def _flat_mlp(x_nd, comb_ne, w_gate_flat, w_up_flat, w_down_flat, act):
+  """All experts on all tokens as two flat matmuls, gate weights in between."""
+  num_experts = comb_ne.shape[1]
+  g = x_nd @ w_gate_flat
+  u = None if w_up_flat is None else x_nd @ w_up_flat
+  h_nef = activation(act, g, u).reshape(x_nd.shape[0], num_experts, -1)
+  h_nef = h_nef * comb_ne.astype(h_nef.dtype)[:, :, None]
+  return h_nef.reshape(x_nd.shape[0], -1) @ w_down_flat
+
+
+def _combine_weights(idx_nk, w_nk, num_experts, first_expert=0):
+  """[N, E]: the gate weight token n gives expert e (0 if unchosen)."""
+  ids = first_expert + jnp.arange(num_experts)
+  return jnp.einsum('nk,nke->ne', w_nk,
+                    (idx_nk[..., None] == ids).astype(w_nk.dtype))
+
+
+def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str):
+  """Exact (dropless) weighted expert outputs for N tokens, from `decode_weights`.
+
+  - `flat` weights: the `dense` path without its weight transpose.
+  - `per_expert` weights, N * k < E (decoding batch 1-3 with 8 experts
+    top-2): each (token, choice) pair runs its expert's MLP through
+    `lax.switch`, so only the chosen experts' weights are read.
+  - `per_expert` weights, more tokens (the prefill of such a batch): every
+    expert on every token, one expert at a time.
+
+  Args:
+    x_nd: [N, D] tokens; idx_nk / w_nk: [N, k] chosen experts, gate weights.
+    dw: the layer's `decode_weights`.
+
+  Returns:
+    [N, D], the `dense` path's output (up to float rounding).
+  """
+  n, k = idx_nk.shape
+  if dw.flat is not None:
+    w_gate, w_up, w_down = dw.flat
+    d, num_experts, f = w_gate.shape
+    flat = lambda w: w.reshape(d, num_experts * f)  # a bitcast, not a copy
+    return _flat_mlp(x_nd, _combine_weights(idx_nk, w_nk, num_experts),
+                     flat(w_gate), None if w_up is None else flat(w_up),
+                     w_down.reshape(num_experts * f, d), act)
+
+  def mlp(e):
+    w_gate, w_up, w_down = dw.per_expert[e]
+    return lambda x: activation(act, x @ w_gate,
+                                None if w_up is None else x @ w_up) @ w_down
+
+  num_experts = len(dw.per_expert)
+  if n * k >= num_experts:
+    comb = _combine_weights(idx_nk, w_nk, num_experts).astype(x_nd.dtype)
+    return sum(mlp(e)(x_nd) * comb[:, e:e + 1] for e in range(num_experts))
+  mlps = [mlp(e) for e in range(num_experts)]
+  rows = []
+  for i in range(n):
+    y = 0.0
+    for j in range(k):
+      y = y + w_nk[i, j].astype(x_nd.dtype) * jax.lax.switch(
+          idx_nk[i, j], mlps, x_nd[i:i + 1])
+    rows.append(y)
+  return jnp.concatenate(rows, axis=0)
 
 
 # ------------------------------------------------------------------ entry

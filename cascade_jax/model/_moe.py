@@ -107,12 +107,14 @@ class MoE(nnx.Module):
                expert_idx_btk: jax.Array | None = None,
                with_stats: bool = True,
                dispatch: str | None = None,
+               decode_weights: _dispatch.DecodeWeights | None = None,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Returns (y [B, T, D], router info: stats, aux losses, expert_idx [B, T, k]).
 
     With `with_stats=False` the info holds only expert_idx (decoding);
-    `dispatch` overrides the configured path (the sampler decodes with the
-    dropless `dense`).
+    `dispatch` overrides the configured path. With `decode_weights` (from
+    `self.decode_weights`, laid out once per generation) the experts run the
+    sampler's exact path (`_dispatch.decode_forward`) instead.
     """
     m = self.cfg
     b, t, d = x_btd.shape
@@ -124,13 +126,15 @@ class MoE(nnx.Module):
         logits, score_fn=m.score_fn, top_k=m.top_k, renormalize=m.renormalize,
         routed_scale=m.routed_scale, bias_e=bias, expert_idx_nk=replay)
 
-    dt = x_btd.dtype
-    ws = (self.w_gate_edf[...].astype(dt),
-          None if self.w_up_edf is None else self.w_up_edf[...].astype(dt),
-          self.w_down_efd[...].astype(dt))
-    valid_n = None if valid_bt is None else valid_bt.reshape(b * t)
-    y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk, ws, valid_n,
-                                  dispatch or m.dispatch)
+    if decode_weights is not None:
+      y_nd = _dispatch.decode_forward(x_nd, idx_nk, w_nk, decode_weights,
+                                      act=m.activation)
+      keep_nk = jnp.ones(idx_nk.shape, bool)
+    else:
+      valid_n = None if valid_bt is None else valid_bt.reshape(b * t)
+      y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk,
+                                    self._weights(x_btd.dtype), valid_n,
+                                    dispatch or m.dispatch)
     if self.shared is not None:
       y_nd = y_nd + self.shared(x_nd)
 
@@ -146,6 +150,19 @@ class MoE(nnx.Module):
                          m.z_loss_coef * stats['z_loss'])
     stats['expert_idx'] = idx_nk.reshape(b, t, -1)
     return y_nd.reshape(b, t, d), stats
+
+  def _weights(self, dt):
+    return (self.w_gate_edf[...].astype(dt),
+            None if self.w_up_edf is None else self.w_up_edf[...].astype(dt),
+            self.w_down_efd[...].astype(dt))
+
+  def decode_weights(self, dtype, num_tokens: int
+                     ) -> _dispatch.DecodeWeights | None:
+    """The experts laid out for decoding `num_tokens` a step; None when sharded (then `dense`)."""
+    if self.ctx is not None:
+      return None
+    return _dispatch.decode_weights(self._weights(jnp.dtype(dtype)),
+                                    num_tokens, self.cfg.top_k)
 
   def _experts(self, x_nd, idx_nk, w_nk, ws, valid_n, dispatch):
     m = self.cfg

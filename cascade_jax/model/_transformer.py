@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -111,6 +112,7 @@ class Transformer(nnx.Module):
                return_hidden: bool = False,
                router_stats: bool = True,
                moe_dispatch: str | None = None,
+               moe_decode_weights: Sequence[Any] | None = None,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Runs the model.
 
@@ -126,6 +128,8 @@ class Transformer(nnx.Module):
       router_stats: compute the routers' load / aux-loss statistics (the
         sampler's decode steps skip them; 'expert_idx' is always returned).
       moe_dispatch: overrides the MoE layers' configured dispatch path.
+      moe_decode_weights: from `decode_weights()`: run the MoE layers'
+        exact decode path with these weights (entries None: as usual).
 
     Returns:
       (logits [B, T, V] fp32, info) where info has 'aux_loss' (scalar sum of
@@ -180,9 +184,12 @@ class Transformer(nnx.Module):
         new_k.append(kk)
         new_v.append(vv)
       elif blk.kind == MOE:
-        replay = None if expert_idx is None else expert_idx[len(routers)]
-        h, stats = blk.mixer(h, valid_bt=valid, expert_idx_btk=replay,
-                             with_stats=router_stats, dispatch=moe_dispatch)
+        i = len(routers)
+        replay = None if expert_idx is None else expert_idx[i]
+        h, stats = blk.mixer(
+            h, valid_bt=valid, expert_idx_btk=replay, with_stats=router_stats,
+            dispatch=moe_dispatch, decode_weights=(
+                None if moe_decode_weights is None else moe_decode_weights[i]))
         routers.append(stats)
       else:
         h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
@@ -213,6 +220,14 @@ class Transformer(nnx.Module):
 
   def moe_layers(self) -> list[MoE]:
     return [blk.mixer for blk in self.blocks if blk.kind == MOE]
+
+  def decode_weights(self, num_tokens: int) -> list[Any]:
+    """Every MoE layer's experts laid out for decoding `num_tokens` a step (`MoE.decode_weights`).
+
+    Computed once per generation, outside the decode loop.
+    """
+    return [moe.decode_weights(self.cfg.dtype, num_tokens)
+            for moe in self.moe_layers()]
 
   def update_expert_biases(self, load_le: jax.Array, rate: float) -> None:
     """Applies the aux-loss-free balancing step to every MoE layer (in place).

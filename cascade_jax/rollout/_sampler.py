@@ -18,7 +18,6 @@ import numpy as np
 from flax import nnx
 
 from cascade_jax import model as model_lib
-from cascade_jax.model import _dispatch
 
 _NEG = -1e30
 _TRACES = [0]
@@ -86,9 +85,12 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
   pos = jnp.arange(p)[None, :] - (p - prompt_len_b[:, None])   # left-padded
   seg = (pos >= 0).astype(jnp.int32)
   cache = model_lib.init_cache(model.cfg, b, p + n)
+  # The experts laid out once for the decode steps' b tokens (exact paths,
+  # no per-step weight copies); the prefill uses the same arrays.
+  decode_ws = model.decode_weights(b)
   logits, info = model(prompt_bp, positions_bt=jnp.maximum(pos, 0),
                        segment_ids_bt=seg, cache=cache, router_stats=False,
-                       moe_dispatch='dense')
+                       moe_dispatch='dense', moe_decode_weights=decode_ws)
   n_moe = model.cfg.pattern.count('E')
   k_top = model.cfg.moe.top_k if n_moe else 0
   experts0 = jnp.zeros((n_moe, b, n, k_top), jnp.int32)
@@ -97,28 +99,19 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
     t, *_, done = c
     return (t < n) & ~jnp.all(done)
 
-  # Expert weights enter the loop in the [D, E, F] layout the dense decode
-  # path multiplies with: the model's own transpose of them then cancels
-  # against this one (XLA folds transpose(transpose(w))), instead of copying
-  # every expert's weights at every step.
-  swap = n_moe and _dispatch.flat_dense(
-      b, k_top, model.cfg.moe.num_experts)
-  state_t = _swap_expert_in_axes(state) if swap else state
-
   def body(c):
     t, last_logits, cache, key, toks, lps, experts, done = c
-    step_model = nnx.merge(graph, _swap_expert_in_axes(state_t) if swap
-                           else state_t)
     key, sub = jax.random.split(key)
     tok, lp = _select(last_logits, sub, cfg)
     tok = jnp.where(done, pad_id, tok)
     toks = toks.at[:, t].set(tok)
     lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
     new_done = done | (tok == stop_id)
-    logits, info = step_model(tok[:, None], positions_bt=(prompt_len_b + t)[:, None],
+    logits, info = model(tok[:, None],
+                         positions_bt=(prompt_len_b + t)[:, None],
                          segment_ids_bt=jnp.ones((b, 1), jnp.int32),
                          cache=cache, router_stats=False,
-                         moe_dispatch='dense')
+                         moe_dispatch='dense', moe_decode_weights=decode_ws)
     if record_experts and n_moe:
       # The experts that *consumed* token t: the training forward pass over
       # the sampled sequence routes token t with these.
@@ -140,18 +133,6 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
                  truncated=~has_stop,
                  expert_idx=(jnp.concatenate([prompt_experts, experts], 2)
                              if prompt_experts is not None else None))
-
-
-def _swap_expert_in_axes(state):
-  """[E, D, F] <-> [D, E, F] for every MoE input weight in a model state."""
-  def swap(path, x):
-    name = jax.tree_util.keystr(path)
-    hit = any(f"['{w}']" in name for w in _EXPERT_IN_WEIGHTS)
-    return x.transpose(1, 0, 2) if hit else x
-  return jax.tree_util.tree_map_with_path(swap, state)
-
-
-_EXPERT_IN_WEIGHTS = ('w_gate_edf', 'w_up_edf')
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], bucket: int,
