@@ -119,3 +119,21 @@ def test_empty_prompt_is_refused(policy):
   with pytest.raises(ValueError, match='at least one token'):
     rollout.generate(policy, [[5], []], cfg=rollout.SampleConfig(),
                      stop_id=STOP)
+
+
+def test_token_choice_is_argmax_and_categorical_exactly():
+  # The sampler's two-reduction argmax (first index of the maximum) and its
+  # Gumbel-max draw are jnp.argmax and jax.random.categorical, ties included.
+  from cascade_jax.rollout import _sampler  # pylint: disable=g-import-not-at-top
+  logits = jax.random.normal(jax.random.key(0), (16, 50))
+  logits = logits.at[:, 7].set(9.0).at[:, 30].set(9.0)  # a tie: 7 wins
+  np.testing.assert_array_equal(_sampler._argmax(logits),
+                                jnp.argmax(logits, -1))
+  cfg = rollout.SampleConfig(temperature=1.0)
+  logits = jax.random.normal(jax.random.key(1), (16, 50))
+  logp = jax.nn.log_softmax(logits)
+  for seed in range(5):
+    tok, lp = _sampler._select(logits, jax.random.key(seed), cfg)
+    np.testing.assert_array_equal(
+        tok, jax.random.categorical(jax.random.key(seed), logp))
+    np.testing.assert_allclose(lp, logp[jnp.arange(16), tok], rtol=1e-6)

@@ -1,6 +1,7 @@
 """Flax NNX MoE decoder: configs, presets, the model, KV cache and parameter counts."""
 
 from cascade_jax.model._attention import attention_mask
+from cascade_jax.model._attention import rope_tables
 from cascade_jax.model._config import MambaConfig
 from cascade_jax.model._config import ModelConfig
 from cascade_jax.model._config import MoEConfig

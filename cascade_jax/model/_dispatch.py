@@ -85,6 +85,23 @@ def _combine(y_nkd, w_nk):
   return jnp.einsum('nkd,nk->nd', y_nkd, w_nk.astype(y_nkd.dtype))
 
 
+def _flat_mlp(x_nd, comb_ne, w_gate_flat, w_up_flat, w_down_flat, act):
+  """All experts on all tokens as two flat matmuls, gate weights in between."""
+  num_experts = comb_ne.shape[1]
+  g = x_nd @ w_gate_flat
+  u = None if w_up_flat is None else x_nd @ w_up_flat
+  h_nef = activation(act, g, u).reshape(x_nd.shape[0], num_experts, -1)
+  h_nef = h_nef * comb_ne.astype(h_nef.dtype)[:, :, None]
+  return h_nef.reshape(x_nd.shape[0], -1) @ w_down_flat
+
+
+def _combine_weights(idx_nk, w_nk, num_experts, first_expert=0):
+  """[N, E]: the gate weight token n gives expert e (0 if unchosen)."""
+  ids = first_expert + jnp.arange(num_experts)
+  return jnp.einsum('nk,nke->ne', w_nk,
+                    (idx_nk[..., None] == ids).astype(w_nk.dtype))
+
+
 # ------------------------------------------------------------------ dense
 
 
@@ -233,23 +250,6 @@ def decode_weights(ws, num_tokens: int, top_k: int) -> DecodeWeights:
   swap = lambda w: w.transpose(1, 0, 2)
   return DecodeWeights(flat=(swap(w_gate),
                              None if w_up is None else swap(w_up), w_down))
-
-
-def _flat_mlp(x_nd, comb_ne, w_gate_flat, w_up_flat, w_down_flat, act):
-  """All experts on all tokens as two flat matmuls, gate weights in between."""
-  num_experts = comb_ne.shape[1]
-  g = x_nd @ w_gate_flat
-  u = None if w_up_flat is None else x_nd @ w_up_flat
-  h_nef = activation(act, g, u).reshape(x_nd.shape[0], num_experts, -1)
-  h_nef = h_nef * comb_ne.astype(h_nef.dtype)[:, :, None]
-  return h_nef.reshape(x_nd.shape[0], -1) @ w_down_flat
-
-
-def _combine_weights(idx_nk, w_nk, num_experts, first_expert=0):
-  """[N, E]: the gate weight token n gives expert e (0 if unchosen)."""
-  ids = first_expert + jnp.arange(num_experts)
-  return jnp.einsum('nk,nke->ne', w_nk,
-                    (idx_nk[..., None] == ids).astype(w_nk.dtype))
 
 
 def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str):

@@ -113,6 +113,7 @@ class Transformer(nnx.Module):
                router_stats: bool = True,
                moe_dispatch: str | None = None,
                moe_decode_weights: Sequence[Any] | None = None,
+               rope_cs: tuple[jax.Array, jax.Array] | None = None,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Runs the model.
 
@@ -130,6 +131,10 @@ class Transformer(nnx.Module):
       moe_dispatch: overrides the MoE layers' configured dispatch path.
       moe_decode_weights: from `decode_weights()`: run the MoE layers'
         exact decode path with these weights (entries None: as usual).
+      rope_cs: `rope_tables(positions_bt, ...)`, precomputed (the sampler
+        computes every step's outside its loop: inside, XLA fuses the sines
+        and cosines into each layer's rotations, i.e. recomputes them 2L
+        times a step).
 
     Returns:
       (logits [B, T, V] fp32, info) where info has 'aux_loss' (scalar sum of
@@ -163,8 +168,8 @@ class Transformer(nnx.Module):
     new_k, new_v, routers = [], [], []
     valid = segment_ids_bt != 0
     # Shared by every attention layer: computed once, not once per layer.
-    rope_cs = (rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
-               if cfg.use_rope else None)
+    if rope_cs is None and cfg.use_rope:
+      rope_cs = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
     if cache is None:
       mask = attention_mask(positions_bt, segment_ids_bt, positions_bt,
                             segment_ids_bt)

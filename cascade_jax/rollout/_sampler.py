@@ -64,13 +64,25 @@ def process_logits(logits, cfg: SampleConfig):
   return logits
 
 
+def _argmax(x_bv):
+  """jnp.argmax over the last axis (first index of the maximum) as two plain reductions.
+
+  XLA:CPU runs argmax's (value, index) reduction as scalar code: at batch
+  64 over 1024 logits it cost ~100 us per decode step, this ~10x less.
+  """
+  top = jnp.max(x_bv, axis=-1, keepdims=True)
+  idx = jnp.arange(x_bv.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(x_bv == top, idx, x_bv.shape[-1]), axis=-1)
+
+
 def _select(logits, key, cfg: SampleConfig):
   """Next token and its log-prob under the sampling distribution."""
   if cfg.temperature == 0.0:
-    tok = jnp.argmax(logits, axis=-1)
-    return tok.astype(jnp.int32), jnp.zeros(tok.shape, jnp.float32)
+    tok = _argmax(logits)
+    return tok, jnp.zeros(tok.shape, jnp.float32)
   logp = jax.nn.log_softmax(process_logits(logits, cfg), axis=-1)
-  tok = jax.random.categorical(key, logp).astype(jnp.int32)
+  # Gumbel-max: the same draw as jax.random.categorical(key, logp).
+  tok = _argmax(jax.random.gumbel(key, logp.shape, logp.dtype) + logp)
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
 
 
@@ -99,6 +111,10 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
     t, *_, done = c
     return (t < n) & ~jnp.all(done)
 
+  if model.cfg.use_rope:  # every step's rotary tables: [B, N, 1, H/2] each
+    rope_all = model_lib.rope_tables(prompt_len_b[:, None] + jnp.arange(n),
+                                     model.cfg.head_dim, model.cfg.rope_theta)
+
   def body(c):
     t, last_logits, cache, key, toks, lps, experts, done = c
     key, sub = jax.random.split(key)
@@ -111,7 +127,10 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
                          positions_bt=(prompt_len_b + t)[:, None],
                          segment_ids_bt=jnp.ones((b, 1), jnp.int32),
                          cache=cache, router_stats=False,
-                         moe_dispatch='dense', moe_decode_weights=decode_ws)
+                         moe_dispatch='dense', moe_decode_weights=decode_ws,
+                         rope_cs=tuple(
+                             jax.lax.dynamic_slice_in_dim(x, t, 1, axis=1)
+                             for x in rope_all) if model.cfg.use_rope else None)
     if record_experts and n_moe:
       # The experts that *consumed* token t: the training forward pass over
       # the sampled sequence routes token t with these.
