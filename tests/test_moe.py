@@ -88,16 +88,16 @@ def test_dispatch_paths_agree_with_dense_when_nothing_dropped(
 
 @pytest.mark.parametrize('activation', ['swiglu', 'relu2'])
 @pytest.mark.parametrize('layout_tokens, tokens', [
-    (1, 1), (3, 3),   # per-expert layout, one switch per (token, choice)
+    (1, 1), (4, 4),   # per-expert layout, one switch per (token, choice)
     (1, 12),          # per-expert layout for a prefill: every expert in turn
-    (4, 4), (4, 16),  # flat layout
+    (5, 5), (5, 16),  # flat layout
 ])
 def test_decode_path_equals_dense(activation, layout_tokens, tokens):
   cfg = _moe_cfg(num_experts=8, activation=activation, num_shared_experts=1,
                  shared_expert_dim=8)
   m = model.MoE(cfg, rngs=nnx.Rngs(0))
   dw = m.decode_weights(jnp.float32, layout_tokens)
-  assert (dw.per_expert is not None) == (layout_tokens * 2 < 8)
+  assert (dw.per_expert is not None) == (layout_tokens * 2 <= 8)
   x = _x(b=1, t=tokens, seed=tokens)
   ref, info = m(x, with_stats=False)
   y, info_dec = jax.jit(lambda x, dw: m(x, with_stats=False,
