@@ -46,6 +46,12 @@ def attention_mask(q_pos_bt, q_seg_bt, k_pos_bs, k_seg_bs) -> jax.Array:
   return same & valid & causal
 
 
+def _masked_softmax(logits, mask, head_dim: int, dtype):
+  """softmax(logits / sqrt(head_dim)) over the last (key) axis, masked keys excluded."""
+  logits = jnp.where(mask, logits * head_dim ** -0.5, _NEG_INF)
+  return jax.nn.softmax(logits, axis=-1).astype(dtype)
+
+
 class Attention(nnx.Module):
   """GQA: N query heads share K key/value heads in groups of N // K."""
 
@@ -108,8 +114,7 @@ class Attention(nnx.Module):
       if mask_bts is None:
         mask_bts = attention_mask(positions_bt, segment_ids_bt, positions_bt,
                                   segment_ids_bt)
-      logits = jnp.where(mask_bts[:, None, None], logits * h ** -0.5, _NEG_INF)
-      probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+      probs = _masked_softmax(logits, mask_bts[:, None, None], h, dt)
       out = jnp.einsum('bkgts,bskh->btkgh', probs, v)  # [B, T, K, G, H]
       new_kv = (kk, v)
     else:
@@ -128,9 +133,9 @@ class Attention(nnx.Module):
       if mask_bts is None:
         mask_bts = attention_mask(positions_bt, segment_ids_bt,
                                   cache_positions_bs, cache_segment_ids_bs)
-      logits = logits.reshape(b, k, t, g, -1) * h ** -0.5
-      logits = jnp.where(mask_bts[:, None, :, None], logits, _NEG_INF)
-      probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(b, k, t * g, -1)
+      probs = _masked_softmax(logits.reshape(b, k, t, g, -1),
+                              mask_bts[:, None, :, None], h, dt)
+      probs = probs.reshape(b, k, t * g, -1)
       out = jnp.einsum('bkqs,bksh->bkqh', probs, values.astype(dt))
       out = out.reshape(b, k, t, g, h).transpose(0, 2, 1, 3, 4)
     out_nd = out.reshape(b * t, n * h)
