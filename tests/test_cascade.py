@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from cascade_jax import cascade
+from cascade_jax import domains
 from cascade_jax import report
+from cascade_jax import reward_model
 from configs import cascade as cascade_config
 
 
@@ -73,6 +75,17 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
     assert os.path.exists(tmp_path / r['name'] / 'stage.json')
     assert json.load(open(tmp_path / r['name'] / 'config.json'))
   assert 0.0 <= records[1]['accuracy'] <= 1.0                  # the RM
+  # The RM as a reward function (the RLHF stages' reward) is the trained RM:
+  # it ranks the held-out pairs exactly as the RM stage's evaluation did
+  # (scored in the same batch: capacity dispatch makes scores batch-dependent).
+  rm_cfg = json.load(open(tmp_path / 'rm' / 'config.json'))
+  held = domains.generate('preference', split='eval', n=rm_cfg['eval_n'],
+                          seed=rm_cfg['seed'],
+                          levels=tuple(rm_cfg['data']['levels']))
+  s = reward_model.load(str(tmp_path / 'rm'))(
+      held + held, [r['chosen'] for r in held] + [r['rejected'] for r in held])
+  n = len(held)
+  assert float(np.mean(s[:n] > s[n:])) == pytest.approx(records[1]['accuracy'])
   assert set(records[0]['scores']) == {
       'code', 'instruction_following', 'long_context', 'math',
       'multi_domain', 'preference', 'swe'}

@@ -195,7 +195,10 @@ class RewardFunction:
       raise FileNotFoundError(f'reward model: no checkpoint at {run_dir!r}')
     with open(os.path.join(run_dir, 'config.json')) as f:
       cfg = json.load(f)
-    _, rm, self.tok = _build(cfg['init_from'])
+    # Shapes only: the checkpoint holds every weight, backbone included.
+    mcfg, _, self.tok = train.model_shell(cfg['init_from'])
+    rm = nnx.eval_shape(lambda: RewardModel(
+        model_lib.Transformer(mcfg, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(0)))
     self._graph, self._params, self._rest = train.restore_latest(rm, run_dir)
     self.seq_len = int(cfg['data']['seq_len'])
 

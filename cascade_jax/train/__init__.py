@@ -12,4 +12,5 @@ from cascade_jax.train._state import schedule
 from cascade_jax.train._state import TrainState
 from cascade_jax.train._restore import restore_latest
 from cascade_jax.train._restore import restore_run
+from cascade_jax.train._restore import model_shell
 from cascade_jax.train._restore import model_spec

@@ -19,6 +19,18 @@ def restore_run(run_dir: str, *, ctx=None):
   Reads the run's resolved `config.json`, rebuilds its model and optimizer
   state layout, and restores the latest checkpoint into it.
   """
+  cfg, model, tok = model_shell(run_dir, ctx=ctx)
+  graph, params, rest = restore_latest(model, run_dir)
+  return cfg, nnx.merge(graph, params, rest), tok
+
+
+def model_shell(run_dir: str, *, ctx=None):
+  """(model config, the run's model without its weights, tokenizer).
+
+  Unsharded the model is abstract (`nnx.eval_shape`: shapes only, no random
+  init to throw away); sharded it holds real arrays, whose shardings a
+  restore follows.
+  """
   cfg_path = os.path.join(run_dir, 'config.json')
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f'{run_dir} is not a run directory (no '
@@ -26,13 +38,10 @@ def restore_run(run_dir: str, *, ctx=None):
   m = model_spec(run_dir)
   cfg = model_config(m['preset'], m.get('overrides') or {})
   build = lambda: model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
-  # Unsharded: shapes only (no random init to throw away); sharded: real
-  # arrays, whose shardings the restore follows.
   model = nnx.eval_shape(build) if ctx is None else build()
-  graph, params, rest = restore_latest(model, run_dir)
   tok = data.load_tokenizer(os.path.join(run_dir, 'tokenizer.model'))
   data.check_vocab(tok, cfg.vocab_size)
-  return cfg, nnx.merge(graph, params, rest), tok
+  return cfg, model, tok
 
 
 def restore_latest(module: nnx.Module, run_dir: str):
