@@ -88,8 +88,8 @@ def test_dispatch_paths_agree_with_dense_when_nothing_dropped(
 
 @pytest.mark.parametrize('activation', ['swiglu', 'relu2'])
 @pytest.mark.parametrize('layout_tokens, tokens', [
-    (1, 1), (4, 4),   # per-expert layout, one switch per (token, choice)
-    (1, 12),          # per-expert layout for a prefill: every expert in turn
+    (1, 1), (4, 4),   # per-expert layout: the chosen experts only
+    (1, 12),          # per-expert layout for a prefill of 12 tokens
     (5, 5), (5, 16),  # flat layout
 ])
 def test_decode_path_equals_dense(activation, layout_tokens, tokens):
