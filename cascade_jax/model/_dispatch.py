@@ -233,7 +233,9 @@ class DecodeWeights:
   - `flat` (otherwise): (gate [D, E, F], up [D, E, F] or None,
     down [E, F, D]), i.e. `dense`'s two flat matmuls ([N, D] @ [D, E*F]).
   Laid out once per generation, so that neither the prefill nor any step
-  transposes or copies weights.
+  transposes or copies weights; the layout is itself a copy of the layer's
+  expert weights, held while the generation runs (sharded models decode
+  with `dense` in `shard_map` and lay out nothing).
   """
   per_expert: tuple[tuple[jax.Array, jax.Array | None, jax.Array], ...] | None = None
   flat: tuple[jax.Array, jax.Array | None, jax.Array] | None = None
