@@ -106,6 +106,28 @@ def test_decode_path_equals_dense(activation, layout_tokens, tokens):
   np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize('overflow', [False, True])
+def test_decode_path_prefill_blocks_equal_dense(overflow):
+  # A prefill's many tokens go through per-expert capacity blocks, or, when
+  # some expert gets more than its capacity, the flat dense path: exact
+  # either way (padding tokens, valid = False, take no block row).
+  cfg = _moe_cfg(num_experts=8)
+  m = model.MoE(cfg, rngs=nnx.Rngs(0))
+  n = _dispatch.PREFILL_ROWS_PER_EXPERT * 8 // 2 + 8
+  x = _x(b=1, t=n, seed=3)
+  valid = jnp.arange(n)[None] >= 5                    # 5 padding tokens
+  replay = None
+  if overflow:  # expert 0 chosen by every token: past any capacity
+    replay = jnp.stack([jnp.zeros((1, n), jnp.int32),
+                        1 + jnp.arange(n)[None] % 7], -1)
+  ref, _ = m(x, valid_bt=valid, expert_idx_btk=replay, with_stats=False)
+  dw = m.decode_weights(jnp.float32, 16)
+  assert dw.flat is not None
+  y, _ = jax.jit(lambda x, dw: m(x, valid_bt=valid, expert_idx_btk=replay,
+                                 with_stats=False, decode_weights=dw))(x, dw)
+  np.testing.assert_allclose(y[valid], ref[valid], atol=1e-5, rtol=1e-5)
+
+
 def test_capacity_drops_are_counted_and_zeroed():
   # Route all 8 tokens to expert 0 by replay: with capacity factor 1,
   # C = N k / E = 8 * 1 / 4 = 2 fit, 6 of 8 are dropped.

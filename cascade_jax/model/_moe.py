@@ -126,12 +126,12 @@ class MoE(nnx.Module):
         logits, score_fn=m.score_fn, top_k=m.top_k, renormalize=m.renormalize,
         routed_scale=m.routed_scale, bias_e=bias, expert_idx_nk=replay)
 
+    valid_n = None if valid_bt is None else valid_bt.reshape(b * t)
     if decode_weights is not None:
       y_nd = _dispatch.decode_forward(x_nd, idx_nk, w_nk, decode_weights,
-                                      act=m.activation)
+                                      act=m.activation, valid_n=valid_n)
       keep_nk = jnp.ones(idx_nk.shape, bool)
     else:
-      valid_n = None if valid_bt is None else valid_bt.reshape(b * t)
       y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk,
                                     self._weights(x_btd.dtype), valid_n,
                                     dispatch or m.dispatch)
