@@ -166,6 +166,14 @@ def capacity(num_tokens: int, top_k: int, num_experts: int,
   return max(1, math.ceil(factor * num_tokens * top_k / num_experts))
 
 
+def _expert_of_pair(idx_nk, num_experts: int, valid_n=None):
+  """[k * N] expert of each (token, choice) pair, choice-major; E for padding."""
+  e_kn = idx_nk.T.reshape(-1)  # choice-major priority
+  if valid_n is not None:      # padding sorts after every expert
+    e_kn = jnp.where(jnp.tile(valid_n, idx_nk.shape[1]), e_kn, num_experts)
+  return e_kn
+
+
 def capacity_slots(idx_nk, num_experts: int, cap: int, valid_n=None):
   """Slot of each (token, choice) pair in an [E * C] buffer, and whether kept.
 
@@ -175,9 +183,7 @@ def capacity_slots(idx_nk, num_experts: int, cap: int, valid_n=None):
   no slot, so they never push a real token out of an expert.
   """
   n, k = idx_nk.shape
-  e_kn = idx_nk.T.reshape(-1)  # choice-major priority
-  if valid_n is not None:      # padding sorts after every expert
-    e_kn = jnp.where(jnp.tile(valid_n, k), e_kn, num_experts)
+  e_kn = _expert_of_pair(idx_nk, num_experts, valid_n)
   order = jnp.argsort(e_kn, stable=True)
   counts = jnp.bincount(e_kn, length=num_experts + 1)
   starts = jnp.cumsum(counts) - counts
@@ -226,7 +232,7 @@ def _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
 class DecodeWeights:
   """One MoE layer's experts laid out for a generation that decodes N tokens a step.
 
-  Exactly one layout is set, chosen by `decode_weights` from N:
+  One of two layouts, chosen by `decode_weights` from N:
   - `per_expert` (no more (token, choice) pairs than experts): expert e's
     (gate [D, F], up [D, F] or None, down [F, D]) as separate arrays, so
     that a step reads the chosen experts' weights alone;
@@ -302,10 +308,8 @@ def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str,
     if n * k < PREFILL_ROWS_PER_EXPERT * num_experts:
       return dense()
     cap = capacity(n, k, num_experts, PREFILL_CAPACITY_FACTOR)
-    load = jnp.bincount(
-        jnp.where(valid_n[:, None], idx_nk, num_experts).reshape(-1)
-        if valid_n is not None else idx_nk.reshape(-1),
-        length=num_experts + 1)[:num_experts]
+    load = jnp.bincount(_expert_of_pair(idx_nk, num_experts, valid_n),
+                        length=num_experts + 1)[:num_experts]
     blocks = lambda: _capacity(x_nd, idx_nk, w_nk, dw.stacked, act,
                                num_experts, cap, (), (), valid_n)[0]
     return jax.lax.cond(jnp.max(load) <= cap, blocks, dense)

@@ -123,14 +123,14 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
     toks = toks.at[:, t].set(tok)
     lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
     new_done = done | (tok == stop_id)
+    rope_t = (tuple(jax.lax.dynamic_slice_in_dim(x, t, 1, axis=1)
+                    for x in rope_all) if model.cfg.use_rope else None)
     logits, info = model(tok[:, None],
                          positions_bt=(prompt_len_b + t)[:, None],
                          segment_ids_bt=jnp.ones((b, 1), jnp.int32),
                          cache=cache, router_stats=False,
                          moe_dispatch='dense', moe_decode_weights=decode_ws,
-                         rope_cs=tuple(
-                             jax.lax.dynamic_slice_in_dim(x, t, 1, axis=1)
-                             for x in rope_all) if model.cfg.use_rope else None)
+                         rope_cs=rope_t)
     if record_experts and n_moe:
       # The experts that *consumed* token t: the training forward pass over
       # the sampled sequence routes token t with these.
