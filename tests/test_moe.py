@@ -96,7 +96,8 @@ def test_decode_path_equals_dense(activation, layout_tokens, tokens):
   cfg = _moe_cfg(num_experts=8, activation=activation, num_shared_experts=1,
                  shared_expert_dim=8)
   m = model.MoE(cfg, rngs=nnx.Rngs(0))
-  dw = m.decode_weights(jnp.float32, layout_tokens)
+  # XLA's layouts here; the CPU kernel's path is in test_kernels.py.
+  dw = m.decode_weights(jnp.float32, layout_tokens, use_kernel=False)
   assert (dw.per_expert is not None) == (layout_tokens * 2 <= 8)
   x = _x(b=1, t=tokens, seed=tokens)
   ref, info = m(x, with_stats=False)
@@ -121,7 +122,7 @@ def test_decode_path_prefill_blocks_equal_dense(overflow):
     replay = jnp.stack([jnp.zeros((1, n), jnp.int32),
                         1 + jnp.arange(n)[None] % 7], -1)
   ref, _ = m(x, valid_bt=valid, expert_idx_btk=replay, with_stats=False)
-  dw = m.decode_weights(jnp.float32, 16)
+  dw = m.decode_weights(jnp.float32, 16, use_kernel=False)
   assert dw.flat is not None
   y, _ = jax.jit(lambda x, dw: m(x, valid_bt=valid, expert_idx_btk=replay,
                                  with_stats=False, decode_weights=dw))(x, dw)

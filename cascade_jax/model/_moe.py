@@ -156,13 +156,15 @@ class MoE(nnx.Module):
             None if self.w_up_edf is None else self.w_up_edf[...].astype(dt),
             self.w_down_efd[...].astype(dt))
 
-  def decode_weights(self, dtype, num_tokens: int
+  def decode_weights(self, dtype, num_tokens: int, *, use_kernel: bool = True
                      ) -> _dispatch.DecodeWeights | None:
     """The experts laid out for decoding `num_tokens` a step; None when sharded (then `dense`)."""
     if self.ctx is not None:
       return None
     return _dispatch.decode_weights(self._weights(jnp.dtype(dtype)),
-                                    num_tokens, self.cfg.top_k)
+                                    num_tokens, self.cfg.top_k,
+                                    act=self.cfg.activation,
+                                    use_kernel=use_kernel)
 
   def _experts(self, x_nd, idx_nk, w_nk, ws, valid_n, dispatch):
     m = self.cfg

@@ -226,12 +226,15 @@ class Transformer(nnx.Module):
   def moe_layers(self) -> list[MoE]:
     return [blk.mixer for blk in self.blocks if blk.kind == MOE]
 
-  def decode_weights(self, num_tokens: int) -> list[Any]:
+  def decode_weights(self, num_tokens: int, *, use_kernel: bool = True
+                     ) -> list[Any]:
     """Every MoE layer's experts laid out for decoding `num_tokens` a step (`MoE.decode_weights`).
 
-    Computed once per generation, outside the decode loop.
+    Computed once per generation, outside the decode loop. `use_kernel`:
+    whether the CPU MoE kernel (`cascade_jax.kernels`) may run.
     """
-    return [moe.decode_weights(self.cfg.dtype, num_tokens)
+    return [moe.decode_weights(self.cfg.dtype, num_tokens,
+                               use_kernel=use_kernel)
             for moe in self.moe_layers()]
 
   def update_expert_biases(self, load_le: jax.Array, rate: float) -> None:
