@@ -1,5 +1,7 @@
 """Generated tokens per second: cascade_jax's sampler vs transformers' generate (PyTorch CPU).
 
+Then one MoE layer's decode step with the CPU kernel against XLA's layouts.
+
   python -m experiments.bench_rollout --config=configs/bench_rollout.py
 """
 
@@ -78,6 +80,16 @@ def main(argv):
   print(utils.format_table(
       ['batch', 'ours tok/s', 'transformers tok/s', 'speed-up',
        'same tokens', 'ours fixed ms', 'ours ms/step'], rows))
+  # Where the decode step's MoE time goes: one layer, kernel vs XLA layouts.
+  moe = model_lib.moe_decode_benchmark(
+      batch_sizes=c.batch_sizes, embed_dim=c.embed_dim,
+      expert_dim=c.expert_dim, num_experts=c.num_experts, top_k=c.top_k,
+      activation=cfg.moe.activation, steps=c.new_tokens)
+  print('\nMoE layer, one decode step (us): CPU kernel vs XLA decode layouts')
+  print(utils.format_table(
+      ['batch', 'kernel us', 'XLA us', 'XLA / kernel'],
+      [[r['batch'], r['kernel'], r['xla'], r['xla'] / r['kernel']]
+       for r in moe]))
 
 
 if __name__ == '__main__':

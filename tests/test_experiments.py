@@ -36,3 +36,14 @@ def test_unknown_config_argument_is_refused():
   r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:huge')
   assert r.returncode != 0
   assert "unknown argument 'huge'" in r.stderr
+
+
+def test_bench_rollout_quick_prints_both_tables():
+  # The sampler against transformers (same tokens), then the MoE decode layer.
+  r = _run('experiments.bench_rollout',
+           '--config=configs/bench_rollout.py:quick')
+  assert r.returncode == 0, r.stderr
+  lines = r.stdout.splitlines()
+  row = lines[lines.index(next(x for x in lines if x.startswith('batch'))) + 2]
+  assert row.split()[0] == '2' and float(row.split()[4]) == 1.0, r.stdout
+  assert 'MoE layer, one decode step (us)' in r.stdout

@@ -22,4 +22,5 @@ from cascade_jax.model._params import ParamCount
 from cascade_jax.model._transformer import init_cache
 from cascade_jax.model._transformer import KVCache
 from cascade_jax.model._transformer import Transformer
+from cascade_jax.model._benchmark import moe_decode_benchmark
 from cascade_jax.model._benchmark import moe_layer_benchmark
