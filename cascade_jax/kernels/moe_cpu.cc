@@ -46,7 +46,7 @@ inline void Store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 inline vf Splat(float a) { return vf{} + a; }
 
 // c[R, 64] = x[R, K] @ w[K, 64] (row strides ldx, ldw, ldc).
-template <int R>
+template <int R, bool kFetch>
 void Block(const float* x, int64_t ldx, const float* w, int64_t ldw,
            int64_t k_dim, float* c, int64_t ldc) {
   vf acc[R][kNB];
@@ -55,7 +55,7 @@ void Block(const float* x, int64_t ldx, const float* w, int64_t ldw,
 #pragma GCC unroll 4
     for (int j = 0; j < kNB; ++j) acc[r][j] = vf{};
   for (int64_t k = 0; k < k_dim; ++k) {
-    if (k + kPrefetch < k_dim)
+    if (kFetch && k + kPrefetch < k_dim)
       for (int j = 0; j < kNB; ++j)
         __builtin_prefetch(w + (k + kPrefetch) * ldw + j * kV);
     vf b[kNB];
@@ -99,17 +99,24 @@ void Gemm(int64_t m, int64_t n, int64_t k_dim, const float* x, int64_t ldx,
       TailBlock(m, x, ldx, wj, ldw, k_dim, n - j0, cj, ldc);
       continue;
     }
+    // The first row block streams this column block of w in (prefetching
+    // ahead); the later ones find it in cache.
     int64_t r0 = 0;
-    for (; r0 + kRows <= m; r0 += kRows)
-      Block<kRows>(x + r0 * ldx, ldx, wj, ldw, k_dim, cj + r0 * ldc, ldc);
+    for (; r0 + kRows <= m; r0 += kRows) {
+      if (r0 == 0)
+        Block<kRows, true>(x, ldx, wj, ldw, k_dim, cj, ldc);
+      else
+        Block<kRows, false>(x + r0 * ldx, ldx, wj, ldw, k_dim,
+                            cj + r0 * ldc, ldc);
+    }
     const float* xr = x + r0 * ldx;
     float* cr = cj + r0 * ldc;
     switch (m - r0) {
-      case 5: Block<5>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
-      case 4: Block<4>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
-      case 3: Block<3>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
-      case 2: Block<2>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
-      case 1: Block<1>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
+      case 5: Block<5, true>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
+      case 4: Block<4, true>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
+      case 3: Block<3, true>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
+      case 2: Block<2, true>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
+      case 1: Block<1, true>(xr, ldx, wj, ldw, k_dim, cr, ldc); break;
       default: break;
     }
   }

@@ -114,6 +114,7 @@ class Transformer(nnx.Module):
                moe_dispatch: str | None = None,
                moe_decode_weights: Sequence[Any] | None = None,
                rope_cs: tuple[jax.Array, jax.Array] | None = None,
+               last_logits_only: bool = False,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Runs the model.
 
@@ -135,9 +136,12 @@ class Transformer(nnx.Module):
         computes every step's outside its loop: inside, XLA fuses the sines
         and cosines into each layer's rotations, i.e. recomputes them 2L
         times a step).
+      last_logits_only: logits of the last position alone, [B, 1, V] (a
+        prefill needs no more: at batch 64 x 32 prompt tokens the output
+        head over every position was ~1 GFLOP).
 
     Returns:
-      (logits [B, T, V] fp32, info) where info has 'aux_loss' (scalar sum of
+      (logits [B, T, V] fp32, or [B, 1, V] with `last_logits_only`, info) where info has 'aux_loss' (scalar sum of
       router aux losses), 'router' (per MoE layer stats stacked on axis 0:
       load [L, E], dropped [L], seq_aux [L], z_loss [L]), 'expert_idx'
       [L_moe, B, T, k], 'cache' (updated, if one was given), 'hidden'.
@@ -202,7 +206,9 @@ class Transformer(nnx.Module):
 
     x = self.final_norm(x)
     head = (self.embed_vd[...].T if self.head_dv is None else self.head_dv[...])
-    logits = (x.reshape(b * t, -1) @ head.astype(dt)).reshape(b, t, -1)
+    x_out = x[:, -1:] if last_logits_only else x
+    logits = (x_out.reshape(-1, x.shape[-1]) @ head.astype(dt)).reshape(
+        b, x_out.shape[1], -1)
     info: dict[str, Any] = {'aux_loss': jnp.zeros((), jnp.float32)}
     if routers:
       stacked = {k: jnp.stack([r[k] for r in routers]) for k in routers[0]}

@@ -102,7 +102,8 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
   decode_ws = model.decode_weights(b)
   logits, info = model(prompt_bp, positions_bt=jnp.maximum(pos, 0),
                        segment_ids_bt=seg, cache=cache, router_stats=False,
-                       moe_dispatch='dense', moe_decode_weights=decode_ws)
+                       moe_dispatch='dense', moe_decode_weights=decode_ws,
+                       last_logits_only=True)
   n_moe = model.cfg.pattern.count('E')
   k_top = model.cfg.moe.top_k if n_moe else 0
   experts0 = jnp.zeros((n_moe, b, n, k_top), jnp.int32)
