@@ -118,7 +118,7 @@ def _dense_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
   w_gate, w_up, w_down = ws
   num_local, d, f = w_gate.shape
   comb_ne = _combine_weights(idx_nk, w_nk, num_local, first_expert)
-  if not flat_dense(x_nd.shape[0], idx_nk.shape[1], num_local):
+  if not _flat_dense(x_nd.shape[0], idx_nk.shape[1], num_local):
     x_end = jnp.broadcast_to(x_nd, (num_local,) + x_nd.shape)
     y_end = _expert_mlp_ecd(x_end, w_gate, w_up, w_down, act)
     return jnp.einsum('end,ne->nd', y_end, comb_ne.astype(y_end.dtype))
@@ -128,7 +128,7 @@ def _dense_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
                    w_down.reshape(num_local * f, d), act)
 
 
-def flat_dense(num_tokens: int, top_k: int, num_experts: int) -> bool:
+def _flat_dense(num_tokens: int, top_k: int, num_experts: int) -> bool:
   """Whether `dense` runs as two flat matmuls (else per-expert batched ones)."""
   return 2 * num_tokens * top_k > num_experts
 
