@@ -26,7 +26,9 @@ def moe_ffn(x_nd: jax.Array, idx_nk: jax.Array, w_nk: jax.Array,
   FFN_e(x) = act(x @ w_gate[e], x @ w_up[e]) @ w_down[e] (`act` as in
   `model._layers.activation`; w_up None for the non-gated relu2). Equals the
   model's `dense` dispatch up to float rounding (the sums run in another
-  order). Forward only (no VJP): the sampler's decode path. Call only where
+  order). Deterministic and batch-invariant: a token's output is
+  bit-identical run after run and whatever other tokens share the call.
+  Forward only (no VJP): the sampler's decode path. Call only where
   `moe_ffn_available(act, jnp.float32)`.
 
   Args:
