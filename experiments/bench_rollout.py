@@ -5,12 +5,15 @@ Then one MoE layer's decode step with the CPU kernel against XLA's layouts.
   python -m experiments.bench_rollout --config=configs/bench_rollout.py
 """
 
+import json
+import os
 import tempfile
 import time
 
 import jax
 import numpy as np
 from absl import app
+from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
@@ -22,6 +25,8 @@ from cascade_jax import utils
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/bench_rollout.py', 'Benchmark config.',
     lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'If set, writes config.json and results.json here.')
 
 
 def main(argv):
@@ -90,6 +95,15 @@ def main(argv):
       ['batch', 'kernel us', 'XLA us', 'XLA / kernel'],
       [[r['batch'], r['kernel'], r['xla'], r['xla'] / r['kernel']]
        for r in moe]))
+  if _WORKDIR.value:
+    os.makedirs(_WORKDIR.value, exist_ok=True)
+    with open(os.path.join(_WORKDIR.value, 'config.json'), 'w') as f:
+      f.write(c.to_json_best_effort(indent=2))
+    keys = ['batch', 'ours_tok_s', 'transformers_tok_s', 'speed_up',
+            'same_tokens', 'ours_fixed_ms', 'ours_step_ms']
+    with open(os.path.join(_WORKDIR.value, 'results.json'), 'w') as f:
+      json.dump(dict(sampler=[dict(zip(keys, map(float, r))) for r in rows],
+                     moe_decode_layer_us=moe), f, indent=2)
 
 
 if __name__ == '__main__':

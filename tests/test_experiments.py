@@ -38,12 +38,18 @@ def test_unknown_config_argument_is_refused():
   assert "unknown argument 'huge'" in r.stderr
 
 
-def test_bench_rollout_quick_prints_both_tables():
-  # The sampler against transformers (same tokens), then the MoE decode layer.
+def test_bench_rollout_quick_prints_both_tables(tmp_path):
+  # The sampler against transformers (same tokens), then the MoE decode
+  # layer; with --workdir (as its sweep launches it) both as results.json.
   r = _run('experiments.bench_rollout',
-           '--config=configs/bench_rollout.py:quick')
+           '--config=configs/bench_rollout.py:quick', '--config.num_experts=4',
+           f'--workdir={tmp_path}')
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
   row = lines[lines.index(next(x for x in lines if x.startswith('batch'))) + 2]
   assert row.split()[0] == '2' and float(row.split()[4]) == 1.0, r.stdout
   assert 'MoE layer, one decode step (us)' in r.stdout
+  res = json.load(open(tmp_path / 'results.json'))
+  assert res['sampler'][0]['batch'] == 2 and res['sampler'][0]['same_tokens'] == 1
+  assert res['moe_decode_layer_us'][0]['xla'] > 0
+  assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
