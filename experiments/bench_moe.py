@@ -3,9 +3,6 @@
   python -m experiments.bench_moe --config=configs/bench_moe.py
 """
 
-import json
-import os
-
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -36,11 +33,7 @@ def main(argv):
   best = min((r for r in rows[1:-1]), key=lambda r: r['ratio'])
   print(f"best path: {best['path']} at {best['ratio']:.2f}x the ideal dense MLP")
   if _WORKDIR.value:
-    os.makedirs(_WORKDIR.value, exist_ok=True)
-    with open(os.path.join(_WORKDIR.value, 'config.json'), 'w') as f:
-      f.write(c.to_json_best_effort(indent=2))
-    with open(os.path.join(_WORKDIR.value, 'results.json'), 'w') as f:
-      json.dump(rows, f, indent=2)
+    utils.write_results(_WORKDIR.value, c, rows)
 
 
 if __name__ == '__main__':

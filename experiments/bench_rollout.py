@@ -5,8 +5,6 @@ Then one MoE layer's decode step with the CPU kernel against XLA's layouts.
   python -m experiments.bench_rollout --config=configs/bench_rollout.py
 """
 
-import json
-import os
 import tempfile
 import time
 
@@ -96,14 +94,11 @@ def main(argv):
       [[r['batch'], r['kernel'], r['xla'], r['xla'] / r['kernel']]
        for r in moe]))
   if _WORKDIR.value:
-    os.makedirs(_WORKDIR.value, exist_ok=True)
-    with open(os.path.join(_WORKDIR.value, 'config.json'), 'w') as f:
-      f.write(c.to_json_best_effort(indent=2))
     keys = ['batch', 'ours_tok_s', 'transformers_tok_s', 'speed_up',
             'same_tokens', 'ours_fixed_ms', 'ours_step_ms']
-    with open(os.path.join(_WORKDIR.value, 'results.json'), 'w') as f:
-      json.dump(dict(sampler=[dict(zip(keys, map(float, r))) for r in rows],
-                     moe_decode_layer_us=moe), f, indent=2)
+    utils.write_results(_WORKDIR.value, c, dict(
+        sampler=[dict(zip(keys, map(float, r))) for r in rows],
+        moe_decode_layer_us=moe))
 
 
 if __name__ == '__main__':

@@ -1,5 +1,6 @@
-"""Small shared helpers: timing and tables."""
+"""Small shared helpers: timing, tables, benchmark results."""
 
 from cascade_jax.utils._bench import format_table
 from cascade_jax.utils._bench import time_fn
+from cascade_jax.utils._bench import write_results
 from cascade_jax.utils._logs import quiet_logs

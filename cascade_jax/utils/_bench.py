@@ -1,7 +1,9 @@
-"""Wall-clock timing of jitted functions, and plain-text tables."""
+"""Wall-clock timing of jitted functions, plain-text tables, and a benchmark's results on disk."""
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -29,3 +31,12 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
   lines = ['  '.join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
   lines.insert(1, '  '.join('-' * w for w in widths))
   return '\n'.join(lines)
+
+
+def write_results(workdir: str, config, results) -> None:
+  """Writes a benchmark's resolved `config` (a ConfigDict) and `results` as JSON into `workdir`."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'config.json'), 'w') as f:
+    f.write(config.to_json_best_effort(indent=2))
+  with open(os.path.join(workdir, 'results.json'), 'w') as f:
+    json.dump(results, f, indent=2)
