@@ -144,29 +144,26 @@ inline vf Exp(vf x) {
 
 enum Activation : int64_t { kSwiglu = 0, kRelu2 = 1 };
 
+inline vf Swiglu(vf g, vf u) { return g / (Splat(1.f) + Exp(-g)) * u; }
+
 // h = act(g, u) elementwise over `count` floats (in place into g).
 void Activate(int64_t act, float* g, const float* u, int64_t count) {
-  int64_t i = 0;
-  if (act == kSwiglu) {
-    for (; i + kV <= count; i += kV) {
-      const vf a = Load(g + i);
-      Store(g + i, a / (Splat(1.f) + Exp(-a)) * Load(u + i));
-    }
-    for (; i < count; ++i) {  // scalar tail via a padded vector
-      float a[kV] = {}, b[kV] = {};
-      const int64_t m = std::min<int64_t>(kV, count - i);
-      std::memcpy(a, g + i, m * sizeof(float));
-      std::memcpy(b, u + i, m * sizeof(float));
-      const vf va = Load(a);
-      Store(a, va / (Splat(1.f) + Exp(-va)) * Load(b));
-      std::memcpy(g + i, a, m * sizeof(float));
-      i += m - 1;
-    }
-  } else {
-    for (; i < count; ++i) {
+  if (act == kRelu2) {
+    for (int64_t i = 0; i < count; ++i) {
       const float a = g[i] > 0.f ? g[i] : 0.f;
       g[i] = a * a;
     }
+    return;
+  }
+  int64_t i = 0;
+  for (; i + kV <= count; i += kV) Store(g + i, Swiglu(Load(g + i), Load(u + i)));
+  if (i < count) {  // the last count % kV floats, through a zero-padded vector
+    float a[kV] = {}, b[kV] = {};
+    const size_t bytes = (count - i) * sizeof(float);
+    std::memcpy(a, g + i, bytes);
+    std::memcpy(b, u + i, bytes);
+    Store(a, Swiglu(Load(a), Load(b)));
+    std::memcpy(g + i, a, bytes);
   }
 }
 
@@ -202,7 +199,7 @@ void RunUnits(State& st) {
     const int64_t first = st.start[e] + st.units[i] % pairs;
     const int64_t rows = std::min(kUnitRows, st.start[e + 1] - first);
     g.resize(rows * s.f);
-    u.resize(rows * s.f);
+    if (st.act == kSwiglu) u.resize(rows * s.f);
     const float* x = st.xs.data() + first * s.d;
     Gemm(rows, s.f, s.d, x, s.d, st.wg + e * s.d * s.f, s.f, g.data(), s.f);
     if (st.act == kSwiglu)

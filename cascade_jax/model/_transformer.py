@@ -141,10 +141,11 @@ class Transformer(nnx.Module):
         head over every position was ~1 GFLOP).
 
     Returns:
-      (logits [B, T, V] fp32, or [B, 1, V] with `last_logits_only`, info) where info has 'aux_loss' (scalar sum of
-      router aux losses), 'router' (per MoE layer stats stacked on axis 0:
-      load [L, E], dropped [L], seq_aux [L], z_loss [L]), 'expert_idx'
-      [L_moe, B, T, k], 'cache' (updated, if one was given), 'hidden'.
+      (logits [B, T, V] fp32 ([B, 1, V] with `last_logits_only`), info)
+      where info has 'aux_loss' (scalar sum of router aux losses), 'router'
+      (per MoE layer stats stacked on axis 0: load [L, E], dropped [L],
+      seq_aux [L], z_loss [L]), 'expert_idx' [L_moe, B, T, k], 'cache'
+      (updated, if one was given), 'hidden'.
     """
     cfg = self.cfg
     b, t = tokens_bt.shape
