@@ -10,7 +10,7 @@ setuptools.setup(
     python_requires='>=3.11',
     packages=setuptools.find_packages(include=['cascade_jax', 'cascade_jax.*']),
     # The CPU kernels' C++ source, compiled at first use (cascade_jax.kernels).
-    package_data={'cascade_jax.kernels': ['*.cc']},
+    package_data={'cascade_jax.kernels': ['*.cc', '*.h']},
     install_requires=[
         'jax>=0.10',
         'flax>=0.12',

@@ -128,7 +128,7 @@ def test_moe_decode_path_uses_kernel_and_equals_dense(activation, tokens):
 
 def test_disabled_by_environment(monkeypatch):
   monkeypatch.setenv(_build.DISABLE_ENV, '0')
-  assert _build.moe_ffn_target.__wrapped__() is None
+  assert _build._library.__wrapped__() is None
 
 
 def test_a_failed_build_falls_back_with_the_compiler_error(
@@ -140,6 +140,92 @@ def test_a_failed_build_falls_back_with_the_compiler_error(
   warnings = []
   monkeypatch.setattr(_build.logging, 'warning',
                       lambda msg, *a: warnings.append(msg % a))
-  assert _build.moe_ffn_target.__wrapped__() is None
+  assert _build._library.__wrapped__() is None
   assert len(warnings) == 1 and 'false -O3 -march=native' in warnings[0], warnings
   assert not list(tmp_path.rglob('*.so'))
+
+
+# --- KV-cache attention (attention_cpu.cc) ---------------------------------
+
+needs_attention_kernel = pytest.mark.skipif(
+    not kernels.cache_attention_available(jnp.float32),
+    reason='the CPU attention kernel cannot be built here')
+
+
+def _cache_problem(b, t, s, index, heads, kv_heads, head_dim, seed=0):
+  """An Attention layer and one call's inputs over a cache holding `index` slots.
+
+  Rows are left-padded by different amounts (segment 0: never attended) and,
+  when t > 1, the new tokens of the last row start with padding too, so some
+  queries see no slot at all. Slots past `index` hold stale values.
+  """
+  from cascade_jax.model._attention import Attention  # pylint: disable=g-import-not-at-top
+  cfg = model.tiny(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                   qk_norm=True)
+  layer = Attention(cfg, rngs=nnx.Rngs(seed))
+  rng = np.random.RandomState(seed)
+  x = rng.randn(b, t, cfg.embed_dim).astype(np.float32)
+  ck = rng.randn(b, kv_heads, head_dim, s).astype(np.float32)
+  cv = rng.randn(b, kv_heads, s, head_dim).astype(np.float32)
+  pad = rng.randint(0, index + 1, b)
+  pad[0] = 0
+  slot = np.arange(s)
+  cache_seg = ((slot[None] >= pad[:, None]) & (slot[None] < index)).astype(np.int32)
+  cache_pos = np.maximum(slot[None] - pad[:, None], 0).astype(np.int32)
+  length = np.maximum(index - pad, 0)
+  seg = np.ones((b, t), np.int32)
+  if t > 1:
+    seg[-1, :t // 2] = 0
+  pos = (length[:, None] + np.arange(t)[None]).astype(np.int32)
+  index = jnp.int32(index)
+  cache_pos = jax.lax.dynamic_update_slice_in_dim(cache_pos, pos, index, 1)
+  cache_seg = jax.lax.dynamic_update_slice_in_dim(cache_seg, seg, index, 1)
+
+  def call(layer, x, ck, cv):
+    return layer(x, positions_bt=pos, segment_ids_bt=seg, kv_cache=(ck, cv),
+                 cache_index=index, cache_positions_bs=cache_pos,
+                 cache_segment_ids_bs=cache_seg)
+  return layer, (x, ck, cv), call
+
+
+@needs_attention_kernel
+@pytest.mark.parametrize('b, t, s, index, heads, kv_heads, head_dim', [
+    (5, 1, 40, 17, 4, 2, 16),    # a decode step
+    (64, 1, 96, 60, 4, 2, 64),   # the benchmark's decode step (threads)
+    (3, 6, 20, 0, 4, 2, 8),      # a prefill; padding queries see nothing
+    (4, 2, 37, 35, 2, 1, 16),    # slots past the last whole vector (37 % 16)
+    (2, 3, 12, 5, 6, 2, 24),     # G = 3, head dim not a multiple of 16
+    (2, 3, 10, 9, 4, 4, 8),      # index + T > S: the start is clamped
+])
+def test_cache_attention_equals_xla(monkeypatch, b, t, s, index, heads,
+                                    kv_heads, head_dim):
+  layer, args, call = _cache_problem(b, t, s, index, heads, kv_heads, head_dim)
+  assert layer._cache_kernel(jnp.float32, args[1:])
+  y, (ck, cv) = jax.jit(call)(layer, *args)
+  from cascade_jax.model._attention import Attention  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(Attention, '_cache_kernel', lambda *a: False)
+  # A new function to trace (jax.jit(call) would reuse the kernel's trace).
+  y_ref, (ck_ref, cv_ref) = jax.jit(lambda *a: call(*a))(layer, *args)
+  np.testing.assert_array_equal(ck, ck_ref)   # the same slots written
+  np.testing.assert_array_equal(cv, cv_ref)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_attention_kernel
+def test_cache_attention_is_batch_invariant_and_deterministic():
+  # One unit per (row, kv head), each computed alone: a row's outputs are
+  # bit-identical alone (one thread) and among 64 (both threads).
+  rng = np.random.RandomState(1)
+  q = rng.randn(64, 1, 4, 64).astype(np.float32)
+  k_new, v_new = rng.randn(2, 64, 1, 2, 64).astype(np.float32)
+  ck = rng.randn(64, 2, 64, 96).astype(np.float32)
+  cv = rng.randn(64, 2, 96, 64).astype(np.float32)
+  mask = np.zeros((64, 1, 96), bool)
+  mask[:, :, 3:61] = True
+  fn = jax.jit(lambda *a: kernels.cache_attention(*a, scale=0.125))
+  full = np.asarray(fn(q, k_new, v_new, ck, cv, mask, 60)[0])
+  np.testing.assert_array_equal(fn(q, k_new, v_new, ck, cv, mask, 60)[0], full)
+  for i in (0, 33, 63):
+    s = slice(i, i + 1)
+    one = fn(q[s], k_new[s], v_new[s], ck[s], cv[s], mask[s], 60)[0]
+    np.testing.assert_array_equal(one[0], full[i])

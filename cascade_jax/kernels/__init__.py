@@ -1,4 +1,6 @@
-"""Hand-written CPU kernels behind XLA's FFI, with XLA fallbacks: the sparse MoE expert FFN."""
+"""Hand-written CPU kernels behind XLA's FFI, with XLA fallbacks: the sparse MoE expert FFN and KV-cache attention."""
 
+from cascade_jax.kernels._attention_cpu import cache_attention
+from cascade_jax.kernels._attention_cpu import cache_attention_available
 from cascade_jax.kernels._moe_cpu import moe_ffn
 from cascade_jax.kernels._moe_cpu import moe_ffn_available

@@ -15,7 +15,13 @@ import tempfile
 import jax
 from absl import logging
 
-_SOURCE = pathlib.Path(__file__).with_name('moe_cpu.cc')
+_DIR = pathlib.Path(__file__).parent
+# One library: the kernels' sources and the header they share.
+_SOURCES = (_DIR / 'moe_cpu.cc', _DIR / 'attention_cpu.cc')
+_HEADERS = (_DIR / 'cpu_common.h',)
+# FFI target name -> the handler symbol the library exports.
+_TARGETS = {'cascade_jax_moe_ffn': 'CascadeJaxMoeFfn',
+            'cascade_jax_cache_attention': 'CascadeJaxCacheAttention'}
 DISABLE_ENV = 'CASCADE_JAX_CPU_KERNELS'  # '0': XLA's own ops everywhere
 
 
@@ -47,7 +53,8 @@ def _compile(out: pathlib.Path) -> None:
     # Some compilers (Apple clang on arm64) take -mcpu=native, not -march.
     for arch in ('-march=native', '-mcpu=native'):
       cmd = [cxx, '-O3', arch, '-std=c++17', '-shared', '-fPIC',
-             '-isystem', jax.ffi.include_dir(), str(_SOURCE), '-o', str(lib)]
+             '-isystem', jax.ffi.include_dir(), *map(str, _SOURCES),
+             '-o', str(lib)]
       res = subprocess.run(cmd, capture_output=True, text=True, check=False)
       if res.returncode == 0:
         os.replace(lib, out)  # atomic: concurrent builders see no half file
@@ -57,33 +64,45 @@ def _compile(out: pathlib.Path) -> None:
 
 
 @functools.cache
-def moe_ffn_target() -> str | None:
-  """The registered FFI target name of the sparse MoE kernel, or None.
+def _library() -> ctypes.CDLL | None:
+  """The kernels' library, built if needed and registered with XLA, or None.
 
   None when disabled (CASCADE_JAX_CPU_KERNELS=0) or when it cannot be built
   here (no compiler; a warning gives the compiler's error); callers then
-  use XLA's ops. Built once (~3 s) and cached under
+  use XLA's ops. Built once (~5 s) and cached under
   $XDG_CACHE_HOME/cascade_jax/kernels (default ~/.cache), keyed by the
-  source, jaxlib's FFI headers and this CPU's features (-march=native).
+  sources, jaxlib's FFI headers and this CPU's features (-march=native).
   """
   if os.environ.get(DISABLE_ENV, '1') == '0':
     return None
   key = hashlib.sha256()
-  key.update(_SOURCE.read_bytes())
+  for source in _SOURCES + _HEADERS:
+    key.update(source.read_bytes())
   for header in sorted(pathlib.Path(jax.ffi.include_dir()).rglob('*.h')):
     key.update(header.read_bytes())  # the FFI ABI the library is built for
   key.update(_cpu_signature().encode())
-  lib_path = _cache_dir() / f'moe_cpu_{key.hexdigest()[:16]}.so'
+  lib_path = _cache_dir() / f'cpu_kernels_{key.hexdigest()[:16]}.so'
   try:
     if not lib_path.exists():
-      logging.info('cascade_jax: compiling the CPU MoE kernel -> %s', lib_path)
+      logging.info('cascade_jax: compiling the CPU kernels -> %s', lib_path)
       _compile(lib_path)
     lib = ctypes.cdll.LoadLibrary(str(lib_path))
-    name = 'cascade_jax_moe_ffn'
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(lib.CascadeJaxMoeFfn),
-                                platform='cpu')
-  except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-    logging.warning('cascade_jax: CPU MoE kernel unavailable, using XLA ops '
+    for name, symbol in _TARGETS.items():
+      jax.ffi.register_ffi_target(
+          name, jax.ffi.pycapsule(getattr(lib, symbol)), platform='cpu')
+  except (OSError, RuntimeError, subprocess.SubprocessError,
+          AttributeError) as e:
+    logging.warning('cascade_jax: CPU kernels unavailable, using XLA ops '
                     '(%s)', e)
     return None
-  return name
+  return lib
+
+
+def moe_ffn_target() -> str | None:
+  """The FFI target of the sparse MoE kernel (moe_cpu.cc), or None if unavailable."""
+  return 'cascade_jax_moe_ffn' if _library() is not None else None
+
+
+def cache_attention_target() -> str | None:
+  """The FFI target of the KV-cache attention kernel (attention_cpu.cc), or None."""
+  return 'cascade_jax_cache_attention' if _library() is not None else None

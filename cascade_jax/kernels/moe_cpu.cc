@@ -11,39 +11,19 @@
 // cascade_jax/kernels/_build.py with the host compiler (-O3 -march=native);
 // portable C++ with GCC/Clang vector extensions (no intrinsics).
 
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_common.h"
 
 namespace ffi = xla::ffi;
 
+namespace cascade_jax {
 namespace {
 
-constexpr int kV = 16;                // floats per vector
 constexpr int kNB = 4;                // vectors per column block
 constexpr int64_t kCols = kV * kNB;   // 64 columns per block and per unit
 constexpr int kRows = 6;              // rows per register block
-#ifndef KPF
-#define KPF 16
-#endif
-constexpr int kPrefetch = KPF;
-
-typedef float vf __attribute__((vector_size(kV * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(kV * sizeof(int32_t))));
-
-inline vf Load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void Store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-inline vf Splat(float a) { return vf{} + a; }
+constexpr int kPrefetch = 16;         // k-steps ahead
 
 // c[R, 64] = x[R, K] @ w[K, 64] (row strides ldx, ldw, ldc).
 template <int R, bool kFetch>
@@ -122,26 +102,6 @@ void Gemm(int64_t m, int64_t n, int64_t k_dim, const float* x, int64_t ldx,
   }
 }
 
-// exp(x) to ~1 ulp on [-87, 88] (Cody-Waite reduction, degree-6 polynomial).
-inline vf Exp(vf x) {
-  x = x < Splat(-87.3f) ? Splat(-87.3f) : x;
-  x = x > Splat(88.3f) ? Splat(88.3f) : x;
-  const vf magic = Splat(12582912.f);  // 1.5 * 2^23: round to nearest
-  const vf n = (x * Splat(1.44269504088896341f) + magic) - magic;
-  const vf r = x - n * Splat(0.693359375f) - n * Splat(-2.12194440e-4f);
-  vf p = Splat(1.9875691500e-4f);
-  p = p * r + Splat(1.3981999507e-3f);
-  p = p * r + Splat(8.3334519073e-3f);
-  p = p * r + Splat(4.1665795894e-2f);
-  p = p * r + Splat(1.6666665459e-1f);
-  p = p * r + Splat(5.0000001201e-1f);
-  p = p * r * r + r + Splat(1.f);
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
 enum Activation : int64_t { kSwiglu = 0, kRelu2 = 1 };
 
 inline vf Swiglu(vf g, vf u) { return g / (Splat(1.f) + Exp(-g)) * u; }
@@ -171,44 +131,24 @@ struct Shapes {
   int64_t n, k, d, e, f;
 };
 
-// Rows of one expert per unit of work: each unit runs the whole FFN on its
-// rows, so every (token, choice) pair is computed by one unit, in an order
-// that does not depend on which thread runs it (results are deterministic).
-constexpr int64_t kUnitRows = 64;
+constexpr int64_t kUnitRows = 64;  // rows of one expert per unit of work
 
-// Everything the workers share; owned by shared_ptr so that a pool task that
-// starts after the call returned (and finds no work) touches live memory.
-struct State {
-  Shapes s;
-  int64_t act;
-  const float *wg, *wu, *wd;
-  std::vector<int64_t> start;          // [E + 1]: first sorted row of expert
-  std::vector<float> xs, ys;           // [P, D]: pairs' rows sorted by expert
-  std::vector<int64_t> units;          // expert * P + first row in expert
-  std::atomic<int64_t> next_unit{0}, units_done{0};
-};
-
-void RunUnits(State& st) {
-  const Shapes& s = st.s;
-  const int64_t pairs = s.n * s.k;
-  std::vector<float> g, u;
-  for (;;) {
-    const int64_t i = st.next_unit.fetch_add(1);
-    if (i >= static_cast<int64_t>(st.units.size())) break;
-    const int64_t e = st.units[i] / pairs;
-    const int64_t first = st.start[e] + st.units[i] % pairs;
-    const int64_t rows = std::min(kUnitRows, st.start[e + 1] - first);
-    g.resize(rows * s.f);
-    if (st.act == kSwiglu) u.resize(rows * s.f);
-    const float* x = st.xs.data() + first * s.d;
-    Gemm(rows, s.f, s.d, x, s.d, st.wg + e * s.d * s.f, s.f, g.data(), s.f);
-    if (st.act == kSwiglu)
-      Gemm(rows, s.f, s.d, x, s.d, st.wu + e * s.d * s.f, s.f, u.data(), s.f);
-    Activate(st.act, g.data(), u.data(), rows * s.f);
-    Gemm(rows, s.d, s.f, g.data(), s.f, st.wd + e * s.f * s.d, s.d,
-         st.ys.data() + first * s.d, s.d);
-    st.units_done.fetch_add(1, std::memory_order_release);
-  }
+// One unit: the whole FFN for up to 64 rows of expert e, starting at sorted
+// row `first`; xs / ys [P, D] hold the (token, choice) pairs' rows sorted by
+// expert.
+void RunUnit(const Shapes& s, int64_t act, const float* wg, const float* wu,
+             const float* wd, int64_t e, int64_t first, int64_t rows,
+             const float* xs, float* ys) {
+  thread_local std::vector<float> g, u;
+  g.resize(rows * s.f);
+  if (act == kSwiglu) u.resize(rows * s.f);
+  const float* x = xs + first * s.d;
+  Gemm(rows, s.f, s.d, x, s.d, wg + e * s.d * s.f, s.f, g.data(), s.f);
+  if (act == kSwiglu)
+    Gemm(rows, s.f, s.d, x, s.d, wu + e * s.d * s.f, s.f, u.data(), s.f);
+  Activate(act, g.data(), u.data(), rows * s.f);
+  Gemm(rows, s.d, s.f, g.data(), s.f, wd + e * s.f * s.d, s.d,
+       ys + first * s.d, s.d);
 }
 
 ffi::Error MoeFfn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
@@ -221,52 +161,50 @@ ffi::Error MoeFfn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   if (xd.size() != 2 || id.size() != 2 || gd.size() != 3 || dd.size() != 3)
     return ffi::Error::InvalidArgument("moe_ffn: expects x [N, D], idx [N, k], "
                                        "w_gate [E, D, F], w_down [E, F, D]");
-  auto st = std::make_shared<State>();
-  Shapes& s = st->s;
-  s = {xd[0], id[1], xd[1], gd[0], gd[2]};
+  const Shapes s{xd[0], id[1], xd[1], gd[0], gd[2]};
   if (id[0] != s.n || gd[1] != s.d || dd[0] != s.e || dd[1] != s.f ||
       dd[2] != s.d || gate_w.dimensions()[0] != s.n ||
       gate_w.dimensions()[1] != s.k || w_up.dimensions().size() != 3 ||
       !std::equal(gd.begin(), gd.end(), w_up.dimensions().begin()) ||
       (act != kSwiglu && act != kRelu2))
     return ffi::Error::InvalidArgument("moe_ffn: inconsistent shapes or act");
-  st->act = act;
-  st->wg = w_gate.typed_data();
-  st->wu = w_up.typed_data();
-  st->wd = w_down.typed_data();
 
   // Counting sort of the (token, choice) pairs by expert; ids outside
   // [0, E) (none from the router) are skipped.
   const int32_t* ids = idx.typed_data();
   const int64_t pairs = s.n * s.k;
   auto valid = [&](int64_t p) { return ids[p] >= 0 && ids[p] < s.e; };
-  st->start.assign(s.e + 1, 0);
+  std::vector<int64_t> start(s.e + 1, 0);  // first sorted row of expert e
   for (int64_t p = 0; p < pairs; ++p)
-    if (valid(p)) ++st->start[ids[p] + 1];
-  for (int64_t e = 0; e < s.e; ++e) st->start[e + 1] += st->start[e];
+    if (valid(p)) ++start[ids[p] + 1];
+  for (int64_t e = 0; e < s.e; ++e) start[e + 1] += start[e];
   std::vector<int64_t> row_of_pair(pairs, -1);
-  std::vector<int64_t> fill(st->start.begin(), st->start.end() - 1);
-  st->xs.resize(st->start[s.e] * s.d);
-  st->ys.resize(st->start[s.e] * s.d);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  std::vector<float> xs(start[s.e] * s.d), ys(start[s.e] * s.d);
   const float* xp = x.typed_data();
   for (int64_t p = 0; p < pairs; ++p) {
     if (!valid(p)) continue;
     row_of_pair[p] = fill[ids[p]]++;
-    std::memcpy(st->xs.data() + row_of_pair[p] * s.d, xp + (p / s.k) * s.d,
+    std::memcpy(xs.data() + row_of_pair[p] * s.d, xp + (p / s.k) * s.d,
                 s.d * sizeof(float));
   }
+  // Units of (expert, 64 rows): each unit runs the whole FFN on its rows,
+  // so every pair is computed by one unit, in an order that does not depend
+  // on which thread runs it or on the other rows (results are deterministic
+  // and batch-invariant). (Splitting units further by output columns, in
+  // two phases, balanced the threads better but was slower: each phase
+  // wakes the pool again.)
+  std::vector<std::pair<int64_t, int64_t>> units;  // (expert, first row)
   for (int64_t e = 0; e < s.e; ++e)
-    for (int64_t r = 0; r < st->start[e + 1] - st->start[e]; r += kUnitRows)
-      st->units.push_back(e * pairs + r);
-
-  const int64_t num_units = st->units.size();
-  const int64_t helpers =
-      std::min<int64_t>(pool.num_threads(), num_units) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([st] { RunUnits(*st); });
-  RunUnits(*st);
-  // Units other threads claimed may still be running; wait for them.
-  while (st->units_done.load(std::memory_order_acquire) < num_units)
-    std::this_thread::yield();
+    for (int64_t r = start[e]; r < start[e + 1]; r += kUnitRows)
+      units.emplace_back(e, r);
+  const float *wg = w_gate.typed_data(), *wu = w_up.typed_data(),
+              *wd = w_down.typed_data();
+  ParallelFor(pool, units.size(), units.size(), [&](int64_t i) {
+    const auto [e, first] = units[i];
+    RunUnit(s, act, wg, wu, wd, e, first,
+            std::min(kUnitRows, start[e + 1] - first), xs.data(), ys.data());
+  });
 
   // y[n] = sum_j w[n, j] * ys[row of (n, j)], j in order.
   const float* wp = gate_w.typed_data();
@@ -275,15 +213,16 @@ ffi::Error MoeFfn(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   for (int64_t p = 0; p < pairs; ++p) {
     if (row_of_pair[p] < 0) continue;
     float* o = yo + (p / s.k) * s.d;
-    const float* r = st->ys.data() + row_of_pair[p] * s.d;
+    const float* r = ys.data() + row_of_pair[p] * s.d;
     for (int64_t c = 0; c < s.d; ++c) o[c] += wp[p] * r[c];
   }
   return ffi::Error::Success();
 }
 
 }  // namespace
+}  // namespace cascade_jax
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CascadeJaxMoeFfn, MoeFfn,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CascadeJaxMoeFfn, cascade_jax::MoeFfn,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cascade_jax import kernels
 from cascade_jax.model._config import ModelConfig
 from cascade_jax.model._layers import param
 from cascade_jax.model._layers import RMSNorm
@@ -77,6 +78,9 @@ class Attention(nnx.Module):
                cache_segment_ids_bs=None, rope_cs=None, mask_bts=None):
     """Attends x over itself, or over a KV cache that x's keys are written into.
 
+    Over a cache on the CPU backend in fp32, one kernel writes the cache in
+    place and attends (`_cache_kernel`); elsewhere XLA's ops below.
+
     The cache is (keys [B, K, H, S], values [B, K, S, H]): batch and head
     axes major, so that the decode step's two dots read it in place (a
     [B, S, K, H] cache was transposed, i.e. copied whole, at every step), and
@@ -117,6 +121,17 @@ class Attention(nnx.Module):
       probs = _masked_softmax(logits, mask_bts[:, None, None], h, dt)
       out = jnp.einsum('bkgts,bskh->btkgh', probs, v)  # [B, T, K, G, H]
       new_kv = (kk, v)
+    elif self._cache_kernel(dt, kv_cache):
+      # One CPU kernel: writes the new keys / values into the cache in place
+      # and attends over the slots in use (XLA's dots below read every slot
+      # and copy the cache to update it).
+      if mask_bts is None:
+        mask_bts = attention_mask(positions_bt, segment_ids_bt,
+                                  cache_positions_bs, cache_segment_ids_bs)
+      out, keys, values = kernels.cache_attention(
+          q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5)
+      new_kv = (keys, values)
+      out = out.astype(dt)
     else:
       ck, cv = kv_cache
       keys = jax.lax.dynamic_update_slice_in_dim(
@@ -141,3 +156,12 @@ class Attention(nnx.Module):
     out_nd = out.reshape(b * t, n * h)
     y = out_nd @ self.w_o_nhd[...].astype(dt).reshape(n * h, d)
     return y.reshape(b, t, d), new_kv
+
+  def _cache_kernel(self, dtype, kv_cache) -> bool:
+    """Whether attention over this cache runs the CPU kernel (`kernels.cache_attention`).
+
+    On the CPU backend in fp32, unsharded (a custom call has no SPMD rule:
+    a sharded model keeps XLA's ops), unless CASCADE_JAX_CPU_KERNELS=0.
+    """
+    return (self.ctx is None and kv_cache[0].dtype == jnp.float32 and
+            kernels.cache_attention_available(dtype))

@@ -1,0 +1,298 @@
+// Attention over the KV cache for XLA:CPU (the sampler's prefill and decode
+// steps), as an XLA FFI custom call that also writes the new keys and values
+// into the cache in place.
+//
+// Why: XLA:CPU ran a decode step's two attention dots over every cache slot
+// as many tiny batched matmuls (~0.4 ms a layer at batch 64 over 96 slots),
+// and its cache updates copied the whole cache. Here each (batch row, kv
+// head) is one unit of work: write its new keys / values, then for each of
+// its queries the masked softmax over the slots up to the last one any of
+// its queries may see (the empty slots past it are not read at all).
+
+#include <cmath>
+#include <vector>
+
+#include "cpu_common.h"
+
+namespace ffi = xla::ffi;
+
+namespace cascade_jax {
+namespace {
+
+constexpr int64_t kChunk = 8;  // units a thread claims at a time
+
+struct Shapes {
+  int64_t b, k, q, h, t, s;  // batch, kv heads, queries per kv head (T*G),
+                             // head dim, new tokens, cache slots
+};
+
+// l[r, 16j : 16j + 16] = q[r] . k[:, 16j : 16j + 16] for R rows and NB
+// vectors of slots: each key vector is loaded once for the R rows.
+template <int R, int NB>
+void LogitsBlock(const float* q, int64_t h_dim, const float* k, int64_t ldk,
+                 float* l, int64_t ldl) {
+  vf acc[R][NB];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NB; ++j) acc[r][j] = vf{};
+  for (int64_t h = 0; h < h_dim; ++h) {
+    vf kv[NB];
+    for (int j = 0; j < NB; ++j) kv[j] = Load(k + h * ldk + j * kV);
+    for (int r = 0; r < R; ++r) {
+      const vf a = Splat(q[r * h_dim + h]);
+      for (int j = 0; j < NB; ++j) acc[r][j] += a * kv[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NB; ++j) Store(l + r * ldl + j * kV, acc[r][j]);
+}
+
+template <int R>
+void LogitsRows(const float* q, int64_t h_dim, const float* k, int64_t ldk,
+                int64_t vectors, float* l, int64_t ldl) {
+  int64_t j = 0;
+  for (; j + 4 <= vectors; j += 4)
+    LogitsBlock<R, 4>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl);
+  switch (vectors - j) {
+    case 3: LogitsBlock<R, 3>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl); break;
+    case 2: LogitsBlock<R, 2>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl); break;
+    case 1: LogitsBlock<R, 1>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl); break;
+    default: break;
+  }
+}
+
+// l[r, s] = q[r] . k[:, s] for `rows` rows and s in [0, limit); k is
+// [H, S] (row stride S). Whole vectors while they lie inside the row (the
+// last row's would run past the buffer), the rest one slot at a time.
+void Logits(const float* q, int64_t rows, int64_t h_dim, const float* k,
+            int64_t s_dim, int64_t limit, float* l, int64_t ldl) {
+  const int64_t vectors = std::min((limit + kV - 1) / kV, s_dim / kV);
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    LogitsRows<4>(q + r * h_dim, h_dim, k, s_dim, vectors, l + r * ldl, ldl);
+  for (; r < rows; ++r)
+    LogitsRows<1>(q + r * h_dim, h_dim, k, s_dim, vectors, l + r * ldl, ldl);
+  for (int64_t s = vectors * kV; s < limit; ++s)
+    for (int64_t i = 0; i < rows; ++i) {
+      float acc = 0.f;
+      for (int64_t h = 0; h < h_dim; ++h) acc += q[i * h_dim + h] * k[h * s_dim + s];
+      l[i * ldl + s] = acc;
+    }
+}
+
+// o[r] = sum_{s < limit} p[r, s] v[s] for R rows, H = 16 NH: each value
+// row is loaded once for the R rows.
+template <int R, int NH>
+void WeightedSum(const float* p, int64_t ldp, const float* v, int64_t limit,
+                 float* o) {
+  constexpr int64_t h_dim = NH * kV;
+  vf acc[R][NH];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NH; ++j) acc[r][j] = vf{};
+  for (int64_t s = 0; s < limit; ++s) {
+    vf vv[NH];
+    for (int j = 0; j < NH; ++j) vv[j] = Load(v + s * h_dim + j * kV);
+    for (int r = 0; r < R; ++r) {
+      const vf a = Splat(p[r * ldp + s]);
+      for (int j = 0; j < NH; ++j) acc[r][j] += a * vv[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NH; ++j) Store(o + r * h_dim + j * kV, acc[r][j]);
+}
+
+template <int NH>
+void WeightedSumRows(const float* p, int64_t ldp, int64_t rows,
+                     const float* v, int64_t limit, float* o) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2)
+    WeightedSum<2, NH>(p + r * ldp, ldp, v, limit, o + r * NH * kV);
+  if (r < rows) WeightedSum<1, NH>(p + r * ldp, ldp, v, limit, o + r * NH * kV);
+}
+
+// o[r] = sum_{s < limit} p[r, s] v[s]; v is [S, H].
+void Values(const float* p, int64_t ldp, int64_t rows, const float* v,
+            int64_t h_dim, int64_t limit, float* o) {
+  switch (h_dim % kV == 0 ? h_dim / kV : 0) {
+    case 1: return WeightedSumRows<1>(p, ldp, rows, v, limit, o);
+    case 2: return WeightedSumRows<2>(p, ldp, rows, v, limit, o);
+    case 4: return WeightedSumRows<4>(p, ldp, rows, v, limit, o);
+    case 8: return WeightedSumRows<8>(p, ldp, rows, v, limit, o);
+    default: break;
+  }
+  std::memset(o, 0, rows * h_dim * sizeof(float));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = 0; s < limit; ++s) {
+      const float a = p[r * ldp + s];
+      for (int64_t h = 0; h < h_dim; ++h) o[r * h_dim + h] += a * v[s * h_dim + h];
+    }
+}
+
+// Asks for the first `slots` slots of a unit's keys ([H, S]) and values
+// ([S, H]) to be brought into cache: issued one unit ahead, the loads
+// overlap the current unit's arithmetic (the cache is too big for L2).
+void PrefetchUnit(const float* ck, const float* cv, int64_t h_dim,
+                  int64_t s_dim, int64_t slots) {
+  constexpr int64_t kLine = 64 / sizeof(float);
+  for (int64_t h = 0; h < h_dim; ++h)
+    for (int64_t s = 0; s < slots; s += kLine)
+      __builtin_prefetch(ck + h * s_dim + s);
+  for (int64_t i = 0; i < slots * h_dim; i += kLine)
+    __builtin_prefetch(cv + i);
+}
+
+// One unit: batch row `bi`, kv head `ki`.
+void AttendUnit(const Shapes& d, int64_t bi, int64_t ki, int64_t start,
+                float scale, const float* q, const float* k_new,
+                const float* v_new, const bool* mask, float* ck, float* cv,
+                float* out, bool prefetch_next) {
+  const int64_t g = d.q / d.t, n = d.k * g;
+  ck += (bi * d.k + ki) * d.h * d.s;  // [H, S]
+  cv += (bi * d.k + ki) * d.s * d.h;  // [S, H]
+  for (int64_t t = 0; t < d.t; ++t) {
+    const float* kn = k_new + ((bi * d.t + t) * d.k + ki) * d.h;
+    const float* vn = v_new + ((bi * d.t + t) * d.k + ki) * d.h;
+    for (int64_t h = 0; h < d.h; ++h) ck[h * d.s + start + t] = kn[h];
+    std::memcpy(cv + (start + t) * d.h, vn, d.h * sizeof(float));
+  }
+  const bool* m = mask + bi * d.t * d.s;  // [T, S]
+  int64_t limit = 0;  // one past the last slot any query of this row sees
+  for (int64_t t = 0; t < d.t; ++t)
+    for (int64_t s = d.s - 1; s >= limit; --s)
+      if (m[t * d.s + s]) {
+        limit = s + 1;
+        break;
+      }
+  if (prefetch_next)  // the next unit (of this thread) likely has as many
+    PrefetchUnit(ck + d.h * d.s, cv + d.s * d.h, d.h, d.s, limit);
+  // This kv head's queries as rows r = t * G + g of qs [Q, H]; q and out
+  // are [B, T, N, H] with query head ki * G + g.
+  thread_local std::vector<float> qs, os, logits;
+  qs.resize(d.q * d.h);
+  os.resize(d.q * d.h);
+  const int64_t row_bytes = g * d.h * sizeof(float);
+  for (int64_t t = 0; t < d.t; ++t)
+    std::memcpy(qs.data() + t * g * d.h,
+                q + ((bi * d.t + t) * n + ki * g) * d.h, row_bytes);
+  float* o = os.data();
+  // Logits of every query row, then each row's masked softmax in place.
+  const int64_t ldl = std::max<int64_t>((limit + kV - 1) / kV * kV, kV);
+  logits.resize(d.q * ldl);
+  float* l = logits.data();
+  Logits(qs.data(), d.q, d.h, ck, d.s, limit, l, ldl);
+  const vf scale_v = Splat(scale);
+  bool any_blind = false;
+  for (int64_t r = 0; r < d.q; ++r) {
+    const bool* mr = m + (r / g) * d.s;
+    float* lr = l + r * ldl;
+    float top = -INFINITY;
+    for (int64_t s = 0; s < limit; ++s)
+      if (mr[s]) top = std::max(top, lr[s] * scale);
+    if (top == -INFINITY) {  // sees no slot: handled below
+      std::fill(lr, lr + ldl, 0.f);
+      any_blind = true;
+      continue;
+    }
+    const vf top_v = Splat(top);
+    for (int64_t s = 0; s < ldl; s += kV)
+      Store(lr + s, Exp(Load(lr + s) * scale_v - top_v));
+    float sum = 0.f;
+    for (int64_t s = 0; s < limit; ++s) {
+      if (!mr[s]) lr[s] = 0.f;
+      sum += lr[s];
+    }
+    const vf sum_v = Splat(sum);
+    for (int64_t s = 0; s < ldl; s += kV) Store(lr + s, Load(lr + s) / sum_v);
+  }
+  Values(l, ldl, d.q, cv, d.h, limit, o);
+  // A query that sees no slot (padding) gets what XLA's softmax over all
+  // -1e30 logits gives: the mean of every slot's value.
+  for (int64_t r = 0; any_blind && r < d.q; ++r) {
+    const bool* mr = m + (r / g) * d.s;
+    if (std::any_of(mr, mr + limit, [](bool x) { return x; })) continue;
+    float* orow = o + r * d.h;
+    std::fill(orow, orow + d.h, 0.f);
+    const float w = 1.f / d.s;
+    for (int64_t s = 0; s < d.s; ++s)
+      for (int64_t h = 0; h < d.h; ++h) orow[h] += w * cv[s * d.h + h];
+  }
+  for (int64_t t = 0; t < d.t; ++t)
+    std::memcpy(out + ((bi * d.t + t) * n + ki * g) * d.h, o + t * g * d.h,
+                row_bytes);
+}
+
+ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
+                          ffi::Buffer<ffi::F32> k_new,
+                          ffi::Buffer<ffi::F32> v_new,
+                          ffi::Buffer<ffi::F32> cache_k,
+                          ffi::Buffer<ffi::F32> cache_v,
+                          ffi::Buffer<ffi::PRED> mask,
+                          ffi::Buffer<ffi::S32> index,
+                          ffi::ResultBuffer<ffi::F32> out,
+                          ffi::ResultBuffer<ffi::F32> cache_k_out,
+                          ffi::ResultBuffer<ffi::F32> cache_v_out,
+                          float scale) {
+  auto qd = q.dimensions(), kd = k_new.dimensions(), ckd = cache_k.dimensions(),
+       cvd = cache_v.dimensions(), md = mask.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || ckd.size() != 4 || cvd.size() != 4 ||
+      md.size() != 3 || index.element_count() != 1)
+    return ffi::Error::InvalidArgument(
+        "cache_attention: expects q [B, T, N, H], k_new / v_new [B, T, K, H], "
+        "cache_k [B, K, H, S], cache_v [B, K, S, H], mask [B, T, S], index []");
+  // N query heads in groups of G = N / K per kv head: Q = T * G rows each.
+  Shapes d{qd[0], kd[2], qd[1] * (qd[2] / std::max<int64_t>(kd[2], 1)), qd[3],
+           qd[1], ckd[3]};
+  if (kd[0] != d.b || kd[1] != d.t || d.k < 1 || qd[2] % d.k != 0 ||
+      kd[3] != d.h || d.t < 1 || d.t > d.s ||
+      !std::equal(kd.begin(), kd.end(), v_new.dimensions().begin()) ||
+      ckd[0] != d.b || ckd[1] != d.k || ckd[2] != d.h ||
+      cvd[0] != d.b || cvd[1] != d.k || cvd[2] != d.s || cvd[3] != d.h ||
+      md[0] != d.b || md[1] != d.t || md[2] != d.s)
+    return ffi::Error::InvalidArgument("cache_attention: inconsistent shapes");
+  float* ck = cache_k_out->typed_data();
+  float* cv = cache_v_out->typed_data();
+  // The outputs alias the cache inputs (input_output_aliases); copy only if
+  // XLA did not honour that.
+  if (ck != cache_k.typed_data())
+    std::memcpy(ck, cache_k.typed_data(), cache_k.size_bytes());
+  if (cv != cache_v.typed_data())
+    std::memcpy(cv, cache_v.typed_data(), cache_v.size_bytes());
+  // As XLA's dynamic_update_slice: the start is clamped so the T slots fit.
+  const int64_t start =
+      std::clamp<int64_t>(index.typed_data()[0], 0, d.s - d.t);
+  const float *qp = q.typed_data(), *kp = k_new.typed_data(),
+              *vp = v_new.typed_data();
+  const bool* mp = mask.typed_data();
+  float* op = out->typed_data();
+  // A decode step at batch 1 is a few microseconds of work: below ~64k
+  // multiply-adds, waking another thread costs more than it saves.
+  const int64_t work = d.b * d.k * d.q * d.h * d.s;
+  // Threads take chunks of consecutive units, each prefetching its next.
+  const int64_t units = d.b * d.k;
+  const int64_t chunks = (units + kChunk - 1) / kChunk;
+  ParallelFor(pool, chunks, work < (1 << 16) ? 1 : chunks, [&](int64_t c) {
+    const int64_t end = std::min(units, (c + 1) * kChunk);
+    for (int64_t u = c * kChunk; u < end; ++u)
+      AttendUnit(d, u / d.k, u % d.k, start, scale, qp, kp, vp, mp, ck, cv,
+                 op, u + 1 < end);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace cascade_jax
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CascadeJaxCacheAttention,
+                              cascade_jax::CacheAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale"));
