@@ -152,7 +152,8 @@ needs_attention_kernel = pytest.mark.skipif(
     reason='the CPU attention kernel cannot be built here')
 
 
-def _cache_problem(b, t, s, index, heads, kv_heads, head_dim, seed=0):
+def _cache_problem(b, t, s, index, heads, kv_heads, head_dim, seed=0,
+                   qk_norm=True, use_rope=True):
   """An Attention layer and one call's inputs over a cache holding `index` slots.
 
   Rows are left-padded by different amounts (segment 0: never attended) and,
@@ -161,8 +162,11 @@ def _cache_problem(b, t, s, index, heads, kv_heads, head_dim, seed=0):
   """
   from cascade_jax.model._attention import Attention  # pylint: disable=g-import-not-at-top
   cfg = model.tiny(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                   qk_norm=True)
+                   qk_norm=qk_norm, use_rope=use_rope)
   layer = Attention(cfg, rngs=nnx.Rngs(seed))
+  if qk_norm:  # scales other than the initial ones
+    for norm in (layer.q_norm, layer.k_norm):
+      norm.scale[...] = jnp.linspace(0.5, 1.5, head_dim)
   rng = np.random.RandomState(seed)
   x = rng.randn(b, t, cfg.embed_dim).astype(np.float32)
   ck = rng.randn(b, kv_heads, head_dim, s).astype(np.float32)
@@ -189,6 +193,21 @@ def _cache_problem(b, t, s, index, heads, kv_heads, head_dim, seed=0):
 
 
 @needs_attention_kernel
+@pytest.mark.parametrize('qk_norm, use_rope', [(False, False), (True, False),
+                                               (False, True)])
+def test_cache_attention_without_qk_norm_or_rope(monkeypatch, qk_norm,
+                                                 use_rope):
+  layer, args, call = _cache_problem(3, 2, 20, 7, 4, 2, 16, qk_norm=qk_norm,
+                                     use_rope=use_rope)
+  y, (ck, _) = jax.jit(call)(layer, *args)
+  from cascade_jax.model._attention import Attention  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(Attention, '_cache_kernel', lambda *a: False)
+  y_ref, (ck_ref, _) = jax.jit(lambda *a: call(*a))(layer, *args)
+  np.testing.assert_allclose(ck, ck_ref, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_attention_kernel
 @pytest.mark.parametrize('b, t, s, index, heads, kv_heads, head_dim', [
     (5, 1, 40, 17, 4, 2, 16),    # a decode step
     (64, 1, 96, 60, 4, 2, 64),   # the benchmark's decode step (threads)
@@ -206,8 +225,9 @@ def test_cache_attention_equals_xla(monkeypatch, b, t, s, index, heads,
   monkeypatch.setattr(Attention, '_cache_kernel', lambda *a: False)
   # A new function to trace (jax.jit(call) would reuse the kernel's trace).
   y_ref, (ck_ref, cv_ref) = jax.jit(lambda *a: call(*a))(layer, *args)
-  np.testing.assert_array_equal(ck, ck_ref)   # the same slots written
+  # The same slots written: values as given, keys QK-normed and rotated.
   np.testing.assert_array_equal(cv, cv_ref)
+  np.testing.assert_allclose(ck, ck_ref, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
 
 

@@ -19,11 +19,16 @@ def cache_attention_available(dtype) -> bool:
 def cache_attention(q_btnh: jax.Array, k_new_btkh: jax.Array,
                     v_new_btkh: jax.Array, cache_k_bkhs: jax.Array,
                     cache_v_bksh: jax.Array, mask_bts: jax.Array,
-                    index: jax.Array, *, scale: float
+                    index: jax.Array, *, scale: float,
+                    qk_norm: tuple[jax.Array, jax.Array] | None = None,
+                    norm_eps: float = 0.0,
+                    rope: tuple[jax.Array, jax.Array] | None = None,
                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Writes T new keys / values into the cache at `index`, then attends over it.
 
-  Grouped-query: query head n reads kv head n // G, G = N / K:
+  The queries and new keys are first put through the model's QK-norm
+  (x / sqrt(mean(x^2) + norm_eps) * w, per head) and rotate-half RoPE, when
+  given. Grouped-query: query head n reads kv head n // G, G = N / K:
 
     cache_k[b, n // G, :, index + t] = k_new[b, t, n // G],  likewise cache_v
     out[b, t, n] = sum_s p[s] cache_v[b, n // G, s],
@@ -47,6 +52,9 @@ def cache_attention(q_btnh: jax.Array, k_new_btkh: jax.Array,
       written slots included).
     index: [] int32, the first slot to write.
     scale: the logits' scale (head_dim ** -0.5).
+    qk_norm: (w_q [H], w_k [H]), the QK-norm's scales, or None.
+    norm_eps: the QK-norm's epsilon.
+    rope: (cos, sin) from `model.rope_tables` ([B, T, 1, H/2] each), or None.
 
   Returns:
     (out [B, T, N, H], cache_k, cache_v), fp32.
@@ -56,6 +64,11 @@ def cache_attention(q_btnh: jax.Array, k_new_btkh: jax.Array,
     raise RuntimeError('the CPU attention kernel is unavailable here '
                        '(see cache_attention_available)')
   f32 = jnp.float32
+  b, t = q_btnh.shape[:2]
+  none = jnp.zeros((0,), f32)
+  w_q, w_k = (none, none) if qk_norm is None else qk_norm
+  cos, sin = ((none, none) if rope is None else
+              (x.reshape(b, t, -1) for x in rope))
   call = jax.ffi.ffi_call(
       target,
       (jax.ShapeDtypeStruct(q_btnh.shape, f32),
@@ -65,4 +78,6 @@ def cache_attention(q_btnh: jax.Array, k_new_btkh: jax.Array,
   return call(q_btnh.astype(f32), k_new_btkh.astype(f32),
               v_new_btkh.astype(f32), cache_k_bkhs.astype(f32),
               cache_v_bksh.astype(f32), mask_bts.astype(bool),
-              jnp.asarray(index, jnp.int32), scale=np.float32(scale))
+              jnp.asarray(index, jnp.int32), w_q.astype(f32), w_k.astype(f32),
+              cos.astype(f32), sin.astype(f32), scale=np.float32(scale),
+              eps=np.float32(norm_eps))

@@ -140,21 +140,61 @@ void PrefetchUnit(const float* ck, const float* cv, int64_t h_dim,
     __builtin_prefetch(cv + i);
 }
 
+// The call's operands; q_norm / k_norm / cos / sin are null when absent.
+struct Inputs {
+  const float *q, *k_new, *v_new;
+  const bool* mask;
+  const float *q_norm, *k_norm;  // [H] RMSNorm scales
+  const float *cos, *sin;        // [B, T, H/2] RoPE tables
+  float scale, eps;
+  int64_t start;                 // the first slot written
+};
+
+// y = rope(norm(x)) for one head's H floats, as the model's XLA path: the
+// QK-norm x / sqrt(mean(x^2) + eps) * w when w is given, then the
+// rotate-half RoPE with this token's cos / sin when c is.
+void Prepare(const float* x, int64_t h_dim, const float* w, float eps,
+             const float* c, const float* sn, float* y) {
+  if (w != nullptr) {
+    float sum = 0.f;
+    for (int64_t h = 0; h < h_dim; ++h) sum += x[h] * x[h];
+    const float r = 1.f / std::sqrt(sum / h_dim + eps);
+    for (int64_t h = 0; h < h_dim; ++h) y[h] = x[h] * r * w[h];
+  } else {
+    std::memcpy(y, x, h_dim * sizeof(float));
+  }
+  if (c != nullptr) {
+    const int64_t half = h_dim / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = y[i], b = y[i + half];
+      y[i] = a * c[i] - b * sn[i];
+      y[i + half] = b * c[i] + a * sn[i];
+    }
+  }
+}
+
 // One unit: batch row `bi`, kv head `ki`.
-void AttendUnit(const Shapes& d, int64_t bi, int64_t ki, int64_t start,
-                float scale, const float* q, const float* k_new,
-                const float* v_new, const bool* mask, float* ck, float* cv,
-                float* out, bool prefetch_next) {
-  const int64_t g = d.q / d.t, n = d.k * g;
+void AttendUnit(const Shapes& d, const Inputs& in, int64_t bi, int64_t ki,
+                float* ck, float* cv, float* out, bool prefetch_next) {
+  const int64_t g = d.q / d.t, n = d.k * g, half = d.h / 2;
+  const int64_t start = in.start;
+  const float scale = in.scale;
+  auto rope = [&](const float* table, int64_t t) {
+    return table == nullptr ? nullptr : table + (bi * d.t + t) * half;
+  };
   ck += (bi * d.k + ki) * d.h * d.s;  // [H, S]
   cv += (bi * d.k + ki) * d.s * d.h;  // [S, H]
+  thread_local std::vector<float> qs, os, logits, kt;
+  kt.resize(d.h);
   for (int64_t t = 0; t < d.t; ++t) {
-    const float* kn = k_new + ((bi * d.t + t) * d.k + ki) * d.h;
-    const float* vn = v_new + ((bi * d.t + t) * d.k + ki) * d.h;
-    for (int64_t h = 0; h < d.h; ++h) ck[h * d.s + start + t] = kn[h];
+    const float* kn = in.k_new + ((bi * d.t + t) * d.k + ki) * d.h;
+    const float* vn = in.v_new + ((bi * d.t + t) * d.k + ki) * d.h;
+    Prepare(kn, d.h, in.k_norm, in.eps, rope(in.cos, t), rope(in.sin, t),
+            kt.data());
+    for (int64_t h = 0; h < d.h; ++h) ck[h * d.s + start + t] = kt[h];
     std::memcpy(cv + (start + t) * d.h, vn, d.h * sizeof(float));
   }
-  const bool* m = mask + bi * d.t * d.s;  // [T, S]
+  const bool* m = in.mask + bi * d.t * d.s;  // [T, S]
   int64_t limit = 0;  // one past the last slot any query of this row sees
   for (int64_t t = 0; t < d.t; ++t)
     for (int64_t s = d.s - 1; s >= limit; --s)
@@ -164,15 +204,15 @@ void AttendUnit(const Shapes& d, int64_t bi, int64_t ki, int64_t start,
       }
   if (prefetch_next)  // the next unit (of this thread) likely has as many
     PrefetchUnit(ck + d.h * d.s, cv + d.s * d.h, d.h, d.s, limit);
-  // This kv head's queries as rows r = t * G + g of qs [Q, H]; q and out
-  // are [B, T, N, H] with query head ki * G + g.
-  thread_local std::vector<float> qs, os, logits;
+  // This kv head's queries as rows r = t * G + j of qs [Q, H]; q and out
+  // are [B, T, N, H] with query head ki * G + j.
   qs.resize(d.q * d.h);
   os.resize(d.q * d.h);
-  const int64_t row_bytes = g * d.h * sizeof(float);
   for (int64_t t = 0; t < d.t; ++t)
-    std::memcpy(qs.data() + t * g * d.h,
-                q + ((bi * d.t + t) * n + ki * g) * d.h, row_bytes);
+    for (int64_t j = 0; j < g; ++j)
+      Prepare(in.q + ((bi * d.t + t) * n + ki * g + j) * d.h, d.h, in.q_norm,
+              in.eps, rope(in.cos, t), rope(in.sin, t),
+              qs.data() + (t * g + j) * d.h);
   float* o = os.data();
   // Logits of every query row, then each row's masked softmax in place.
   const int64_t ldl = std::max<int64_t>((limit + kV - 1) / kV * kV, kV);
@@ -217,7 +257,7 @@ void AttendUnit(const Shapes& d, int64_t bi, int64_t ki, int64_t start,
   }
   for (int64_t t = 0; t < d.t; ++t)
     std::memcpy(out + ((bi * d.t + t) * n + ki * g) * d.h, o + t * g * d.h,
-                row_bytes);
+                g * d.h * sizeof(float));
 }
 
 ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
@@ -227,10 +267,14 @@ ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
                           ffi::Buffer<ffi::F32> cache_v,
                           ffi::Buffer<ffi::PRED> mask,
                           ffi::Buffer<ffi::S32> index,
+                          ffi::Buffer<ffi::F32> q_norm,
+                          ffi::Buffer<ffi::F32> k_norm,
+                          ffi::Buffer<ffi::F32> cos,
+                          ffi::Buffer<ffi::F32> sin,
                           ffi::ResultBuffer<ffi::F32> out,
                           ffi::ResultBuffer<ffi::F32> cache_k_out,
                           ffi::ResultBuffer<ffi::F32> cache_v_out,
-                          float scale) {
+                          float scale, float eps) {
   auto qd = q.dimensions(), kd = k_new.dimensions(), ckd = cache_k.dimensions(),
        cvd = cache_v.dimensions(), md = mask.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || ckd.size() != 4 || cvd.size() != 4 ||
@@ -248,6 +292,17 @@ ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
       cvd[0] != d.b || cvd[1] != d.k || cvd[2] != d.s || cvd[3] != d.h ||
       md[0] != d.b || md[1] != d.t || md[2] != d.s)
     return ffi::Error::InvalidArgument("cache_attention: inconsistent shapes");
+  // The QK-norm scales ([H] each) and RoPE tables ([B, T, H/2] each) are
+  // empty when the model has none.
+  const int64_t n_q_norm = q_norm.element_count(),
+                n_k_norm = k_norm.element_count(),
+                n_cos = cos.element_count(), n_sin = sin.element_count();
+  const bool has_norm = n_q_norm > 0, has_rope = n_cos > 0;
+  if ((has_norm && (n_q_norm != d.h || n_k_norm != d.h)) ||
+      (has_rope && (d.h % 2 != 0 || n_cos != d.b * d.t * d.h / 2 ||
+                    n_sin != n_cos)))
+    return ffi::Error::InvalidArgument(
+        "cache_attention: q_norm / k_norm must be [H], cos / sin [B, T, H/2]");
   float* ck = cache_k_out->typed_data();
   float* cv = cache_v_out->typed_data();
   // The outputs alias the cache inputs (input_output_aliases); copy only if
@@ -259,9 +314,17 @@ ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   // As XLA's dynamic_update_slice: the start is clamped so the T slots fit.
   const int64_t start =
       std::clamp<int64_t>(index.typed_data()[0], 0, d.s - d.t);
-  const float *qp = q.typed_data(), *kp = k_new.typed_data(),
-              *vp = v_new.typed_data();
-  const bool* mp = mask.typed_data();
+  const Inputs in{q.typed_data(),
+                  k_new.typed_data(),
+                  v_new.typed_data(),
+                  mask.typed_data(),
+                  has_norm ? q_norm.typed_data() : nullptr,
+                  has_norm ? k_norm.typed_data() : nullptr,
+                  has_rope ? cos.typed_data() : nullptr,
+                  has_rope ? sin.typed_data() : nullptr,
+                  scale,
+                  eps,
+                  start};
   float* op = out->typed_data();
   // A decode step at batch 1 is a few microseconds of work: below ~64k
   // multiply-adds, waking another thread costs more than it saves.
@@ -272,8 +335,7 @@ ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   ParallelFor(pool, chunks, work < (1 << 16) ? 1 : chunks, [&](int64_t c) {
     const int64_t end = std::min(units, (c + 1) * kChunk);
     for (int64_t u = c * kChunk; u < end; ++u)
-      AttendUnit(d, u / d.k, u % d.k, start, scale, qp, kp, vp, mp, ck, cv,
-                 op, u + 1 < end);
+      AttendUnit(d, in, u / d.k, u % d.k, ck, cv, op, u + 1 < end);
   });
   return ffi::Error::Success();
 }
@@ -292,7 +354,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CascadeJaxCacheAttention,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Attr<float>("eps"));

@@ -102,11 +102,44 @@ class Attention(nnx.Module):
     q = (x_nd @ self.w_q_dnh[...].astype(dt).reshape(d, n * h)).reshape(b, t, n, h)
     kk = (x_nd @ self.w_k_dkh[...].astype(dt).reshape(d, k * h)).reshape(b, t, k, h)
     v = (x_nd @ self.w_v_dkh[...].astype(dt).reshape(d, k * h)).reshape(b, t, k, h)
+    if cfg.use_rope and rope_cs is None:
+      rope_cs = rope_tables(positions_bt, h, cfg.rope_theta)
+    if kv_cache is not None and self._cache_kernel(dt, kv_cache):
+      # One CPU kernel: QK-norm, RoPE, the new keys / values written into
+      # the cache in place (XLA's update copied the cache) and attention
+      # over the slots in use (XLA's dots below read every slot).
+      if mask_bts is None:
+        mask_bts = attention_mask(positions_bt, segment_ids_bt,
+                                  cache_positions_bs, cache_segment_ids_bs)
+      norm = (None if self.q_norm is None else
+              (self.q_norm.scale[...], self.k_norm.scale[...]))
+      out, *new_kv = kernels.cache_attention(
+          q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5,
+          qk_norm=norm, norm_eps=cfg.norm_eps,
+          rope=rope_cs if cfg.use_rope else None)
+      out = out.astype(dt)
+    else:
+      out, new_kv = self._attend(
+          q, kk, v, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt,
+          kv_cache=kv_cache, cache_index=cache_index,
+          cache_positions_bs=cache_positions_bs,
+          cache_segment_ids_bs=cache_segment_ids_bs, rope_cs=rope_cs,
+          mask_bts=mask_bts)
+    out_nd = out.reshape(b * t, n * h)
+    y = out_nd @ self.w_o_nhd[...].astype(dt).reshape(n * h, d)
+    return y.reshape(b, t, d), tuple(new_kv)
+
+  def _attend(self, q, kk, v, *, positions_bt, segment_ids_bt, kv_cache,
+              cache_index, cache_positions_bs, cache_segment_ids_bs, rope_cs,
+              mask_bts):
+    """XLA's attention: QK-norm and RoPE, then over x itself or over the cache."""
+    cfg = self.cfg
+    b, t, n, h = q.shape
+    k = cfg.num_kv_heads
+    dt = q.dtype
     if self.q_norm is not None:
       q, kk = self.q_norm(q), self.k_norm(kk)
     if cfg.use_rope:
-      if rope_cs is None:
-        rope_cs = rope_tables(positions_bt, h, cfg.rope_theta)
       q = rope(q, None, cfg.rope_theta, rope_cs)
       kk = rope(kk, None, cfg.rope_theta, rope_cs)
 
@@ -121,17 +154,6 @@ class Attention(nnx.Module):
       probs = _masked_softmax(logits, mask_bts[:, None, None], h, dt)
       out = jnp.einsum('bkgts,bskh->btkgh', probs, v)  # [B, T, K, G, H]
       new_kv = (kk, v)
-    elif self._cache_kernel(dt, kv_cache):
-      # One CPU kernel: writes the new keys / values into the cache in place
-      # and attends over the slots in use (XLA's dots below read every slot
-      # and copy the cache to update it).
-      if mask_bts is None:
-        mask_bts = attention_mask(positions_bt, segment_ids_bt,
-                                  cache_positions_bs, cache_segment_ids_bs)
-      out, keys, values = kernels.cache_attention(
-          q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5)
-      new_kv = (keys, values)
-      out = out.astype(dt)
     else:
       ck, cv = kv_cache
       keys = jax.lax.dynamic_update_slice_in_dim(
@@ -153,9 +175,7 @@ class Attention(nnx.Module):
       probs = probs.reshape(b, k, t * g, -1)
       out = jnp.einsum('bkqs,bksh->bkqh', probs, values.astype(dt))
       out = out.reshape(b, k, t, g, h).transpose(0, 2, 1, 3, 4)
-    out_nd = out.reshape(b * t, n * h)
-    y = out_nd @ self.w_o_nhd[...].astype(dt).reshape(n * h, d)
-    return y.reshape(b, t, d), new_kv
+    return out.reshape(b, t, n, h), new_kv
 
   def _cache_kernel(self, dtype, kv_cache) -> bool:
     """Whether attention over this cache runs the CPU kernel (`kernels.cache_attention`).

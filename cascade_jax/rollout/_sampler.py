@@ -108,40 +108,47 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, *, cfg, stop_id,
   k_top = model.cfg.moe.top_k if n_moe else 0
   experts0 = jnp.zeros((n_moe, b, n, k_top), jnp.int32)
 
-  def cond(c):
-    t, *_, done = c
-    return (t < n) & ~jnp.all(done)
-
   if model.cfg.use_rope:  # every step's rotary tables: [B, N, 1, H/2] each
     rope_all = model_lib.rope_tables(prompt_len_b[:, None] + jnp.arange(n),
                                      model.cfg.head_dim, model.cfg.rope_theta)
 
-  def body(c):
-    t, last_logits, cache, key, toks, lps, experts, done = c
+  def choose(t, logits, key, toks, lps, done):
+    """Samples token t of every row from its logits (pad once a row is done)."""
     key, sub = jax.random.split(key)
-    tok, lp = _select(last_logits, sub, cfg)
+    tok, lp = _select(logits, sub, cfg)
     tok = jnp.where(done, pad_id, tok)
     toks = toks.at[:, t].set(tok)
     lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
-    new_done = done | (tok == stop_id)
-    rope_t = (tuple(jax.lax.dynamic_slice_in_dim(x, t, 1, axis=1)
+    return tok, key, toks, lps, done | (tok == stop_id)
+
+  def cond(c):
+    t, *_, done = c
+    return (t < n) & ~jnp.all(done)
+
+  def body(c):
+    # Feeds token t - 1, then samples token t: the last token sampled is
+    # never fed (a final model step would compute logits nobody reads).
+    t, tok, cache, key, toks, lps, experts, done = c
+    rope_t = (tuple(jax.lax.dynamic_slice_in_dim(x, t - 1, 1, axis=1)
                     for x in rope_all) if model.cfg.use_rope else None)
     logits, info = model(tok[:, None],
-                         positions_bt=(prompt_len_b + t)[:, None],
+                         positions_bt=(prompt_len_b + t - 1)[:, None],
                          segment_ids_bt=jnp.ones((b, 1), jnp.int32),
                          cache=cache, router_stats=False,
                          moe_dispatch='dense', moe_decode_weights=decode_ws,
                          rope_cs=rope_t)
     if record_experts and n_moe:
-      # The experts that *consumed* token t: the training forward pass over
-      # the sampled sequence routes token t with these.
-      experts = experts.at[:, :, t].set(info['expert_idx'][:, :, 0])
-    return (t + 1, logits[:, -1], info['cache'], key, toks, lps, experts,
-            new_done)
+      # The experts that consumed token t - 1: the training forward pass
+      # over the sampled sequence routes that token with these.
+      experts = experts.at[:, :, t - 1].set(info['expert_idx'][:, :, 0])
+    tok, key, toks, lps, done = choose(t, logits[:, -1], key, toks, lps, done)
+    return (t + 1, tok, info['cache'], key, toks, lps, experts, done)
 
-  init = (jnp.zeros((), jnp.int32), logits[:, -1], info['cache'], key,
-          jnp.full((b, n), pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
-          experts0, jnp.zeros((b,), bool))
+  tok, key, toks, lps, done = choose(
+      0, logits[:, -1], key, jnp.full((b, n), pad_id, jnp.int32),
+      jnp.zeros((b, n), jnp.float32), jnp.zeros((b,), bool))
+  init = (jnp.ones((), jnp.int32), tok, info['cache'], key, toks, lps,
+          experts0, done)
   t, _, _, _, toks, lps, experts, done = jax.lax.while_loop(cond, body, init)
   steps = jnp.arange(n)[None, :]
   stop_at = jnp.argmax(toks == stop_id, axis=1)
@@ -180,7 +187,8 @@ def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], *,
 
   With `record_experts`, `expert_idx` holds the experts of every position of
   prompt + response ([L_moe, B, P + N, k], prompt left-padded to P), ready
-  to replay in the learner's forward pass.
+  to replay in the learner's forward pass; the last token sampled, never fed
+  to the model, has zeros (the learner's inputs stop before it).
   """
   tokens, lengths = pad_prompts(prompts, cfg.prompt_bucket, pad_id)
   return generate_padded(model, tokens, lengths, cfg=cfg, stop_id=stop_id,
