@@ -137,3 +137,22 @@ def test_token_choice_is_argmax_and_categorical_exactly():
     np.testing.assert_array_equal(
         tok, jax.random.categorical(jax.random.key(seed), logp))
     np.testing.assert_allclose(lp, logp[jnp.arange(16), tok], rtol=1e-6)
+
+
+def test_a_reused_cache_leaves_no_trace(policy):
+  # On the CPU the KV cache of one shape is kept and donated back to the
+  # next call: a generation after another must equal one from a fresh cache.
+  from cascade_jax.rollout import _sampler  # pylint: disable=g-import-not-at-top
+  cfg = rollout.SampleConfig(max_new_tokens=6, temperature=1.0,
+                             prompt_bucket=8)
+  first, second = _prompts([8, 3, 5], seed=1), _prompts([2, 8, 6], seed=2)
+  _sampler._CACHE_POOL.clear()
+  fresh = rollout.generate(policy, second, cfg=cfg, stop_id=STOP,
+                           record_experts=True)
+  rollout.generate(policy, first, cfg=cfg, stop_id=STOP)
+  if jax.default_backend() == 'cpu':
+    assert len(_sampler._CACHE_POOL) == 1
+  again = rollout.generate(policy, second, cfg=cfg, stop_id=STOP,
+                           record_experts=True)
+  for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(again)):
+    np.testing.assert_array_equal(a, b)
