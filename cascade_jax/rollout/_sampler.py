@@ -91,7 +91,7 @@ def _select(logits, key, cfg: SampleConfig):
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_id',
                                              'pad_id', 'record_experts'),
-                   donate_argnames=('cache_buffers',))
+                   donate_argnames=('cache_buffers',), keep_unused=True)
 def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
               cfg, stop_id, pad_id, record_experts):
   _TRACES[0] += 1
@@ -102,7 +102,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   seg = (pos >= 0).astype(jnp.int32)
   if cache_buffers is None:
     cache = model_lib.init_cache(model.cfg, b, p + n)
-  else:  # zeroed in the donated buffers themselves
+  else:  # zeroed in the donated buffers themselves (kept: keep_unused)
     cache = jax.tree.map(jnp.zeros_like, cache_buffers)
   # The experts laid out once for the decode steps' b tokens (exact paths,
   # no per-step weight copies); the prefill uses the same arrays.
