@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.new_tokens = 64
   c.batch_sizes = (1, 4, 16, 64)
   c.dispatch = 'dense'          # exact (dropless) for decoding small batches
-  c.repeats = 3
+  c.repeats = 5                 # interleaved, medians
   c.torch_threads = 0           # 0: torch's default
   if arg == 'quick':
     c.embed_dim, c.layers, c.expert_dim, c.vocab_size = 32, 2, 32, 64

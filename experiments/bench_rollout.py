@@ -52,31 +52,36 @@ def main(argv):
   for b in c.batch_sizes:
     prompts = rng.randint(1, c.vocab_size, (b, c.prompt_len))
     # No stop token (-1 never occurs): both generate exactly new_tokens.
-    def timed(new_tokens):
+    def ours_run(new_tokens):
       sc = rollout.SampleConfig(max_new_tokens=new_tokens, temperature=0.0,
                                 prompt_bucket=c.prompt_len)
-      run = lambda: jax.block_until_ready(rollout.generate(
+      return lambda: np.asarray(rollout.generate(
           ours, prompts.tolist(), cfg=sc, stop_id=-1).tokens)
-      tokens = np.asarray(run())   # compiles
-      t0 = time.perf_counter()
-      for _ in range(c.repeats):
-        run()
-      return tokens, (time.perf_counter() - t0) / c.repeats
 
-    ours_tok, ours_s = timed(c.new_tokens)
+    def hf_run():
+      with torch.no_grad():
+        return hf.generate(
+            torch.tensor(prompts), max_new_tokens=c.new_tokens,
+            min_new_tokens=c.new_tokens, do_sample=False,
+            pad_token_id=0)[:, c.prompt_len:].numpy()
+
     # One new token: the fixed cost (prefill, weight layouts, dispatch); the
     # rest, spread over the other steps, is the cost of a decode step.
-    _, fixed_s = timed(1)
+    runs = {'ours': ours_run(c.new_tokens), 'fixed': ours_run(1),
+            'hf': hf_run}
+    outputs = {k: run() for k, run in runs.items()}   # compiles, warms up
+    # Interleaved repeats, medians: the machine's speed drifts by 10-30 %
+    # over a minute, and each side should see the same drift.
+    times = {k: [] for k in runs}
+    for _ in range(c.repeats):
+      for k, run in runs.items():
+        t0 = time.perf_counter()
+        run()
+        times[k].append(time.perf_counter() - t0)
+    ours_s, fixed_s, hf_s = (float(np.median(times[k])) for k in runs)
     step_ms = (ours_s - fixed_s) / max(c.new_tokens - 1, 1) * 1e3
-    with torch.no_grad():
-      kw = dict(max_new_tokens=c.new_tokens, min_new_tokens=c.new_tokens,
-                do_sample=False, pad_token_id=0)
-      hf_tok = hf.generate(torch.tensor(prompts), **kw)[:, c.prompt_len:]
-      t0 = time.perf_counter()
-      for _ in range(c.repeats):
-        hf.generate(torch.tensor(prompts), **kw)
-      hf_s = (time.perf_counter() - t0) / c.repeats
-    agree = float(np.mean(ours_tok == hf_tok.numpy()))
+    ours_tok, hf_tok = outputs['ours'], outputs['hf']
+    agree = float(np.mean(ours_tok == hf_tok))
     n = b * c.new_tokens
     rows.append([b, n / ours_s, n / hf_s, hf_s / ours_s, agree,
                  fixed_s * 1e3, step_ms])
