@@ -1,13 +1,16 @@
 // Attention over the KV cache for XLA:CPU (the sampler's prefill and decode
-// steps), as an XLA FFI custom call that also writes the new keys and values
-// into the cache in place.
+// steps), as an XLA FFI custom call: QK-norm and RoPE of the new queries and
+// keys, the new keys and values written into the cache in place, and the
+// masked softmax attention.
 //
 // Why: XLA:CPU ran a decode step's two attention dots over every cache slot
 // as many tiny batched matmuls (~0.4 ms a layer at batch 64 over 96 slots),
-// and its cache updates copied the whole cache. Here each (batch row, kv
-// head) is one unit of work: write its new keys / values, then for each of
-// its queries the masked softmax over the slots up to the last one any of
-// its queries may see (the empty slots past it are not read at all).
+// its cache updates copied the whole cache, and its RoPE (a concatenate)
+// cost as much as a projection. Here each (batch row, kv head) is one unit
+// of work: its new keys / values, then for each of its queries the softmax
+// over the slots up to the last one any of its queries may see (the empty
+// slots past it are not read at all). Units are independent, so results
+// are deterministic and batch-invariant.
 
 #include <cmath>
 #include <vector>
@@ -18,8 +21,6 @@ namespace ffi = xla::ffi;
 
 namespace cascade_jax {
 namespace {
-
-constexpr int64_t kChunk = 8;  // units a thread claims at a time
 
 struct Shapes {
   int64_t b, k, q, h, t, s;  // batch, kv heads, queries per kv head (T*G),
@@ -127,19 +128,6 @@ void Values(const float* p, int64_t ldp, int64_t rows, const float* v,
     }
 }
 
-// Asks for the first `slots` slots of a unit's keys ([H, S]) and values
-// ([S, H]) to be brought into cache: issued one unit ahead, the loads
-// overlap the current unit's arithmetic (the cache is too big for L2).
-void PrefetchUnit(const float* ck, const float* cv, int64_t h_dim,
-                  int64_t s_dim, int64_t slots) {
-  constexpr int64_t kLine = 64 / sizeof(float);
-  for (int64_t h = 0; h < h_dim; ++h)
-    for (int64_t s = 0; s < slots; s += kLine)
-      __builtin_prefetch(ck + h * s_dim + s);
-  for (int64_t i = 0; i < slots * h_dim; i += kLine)
-    __builtin_prefetch(cv + i);
-}
-
 // The call's operands; q_norm / k_norm / cos / sin are null when absent.
 struct Inputs {
   const float *q, *k_new, *v_new;
@@ -175,7 +163,7 @@ void Prepare(const float* x, int64_t h_dim, const float* w, float eps,
 
 // One unit: batch row `bi`, kv head `ki`.
 void AttendUnit(const Shapes& d, const Inputs& in, int64_t bi, int64_t ki,
-                float* ck, float* cv, float* out, bool prefetch_next) {
+                float* ck, float* cv, float* out) {
   const int64_t g = d.q / d.t, n = d.k * g, half = d.h / 2;
   const int64_t start = in.start;
   const float scale = in.scale;
@@ -202,8 +190,6 @@ void AttendUnit(const Shapes& d, const Inputs& in, int64_t bi, int64_t ki,
         limit = s + 1;
         break;
       }
-  if (prefetch_next)  // the next unit (of this thread) likely has as many
-    PrefetchUnit(ck + d.h * d.s, cv + d.s * d.h, d.h, d.s, limit);
   // This kv head's queries as rows r = t * G + j of qs [Q, H]; q and out
   // are [B, T, N, H] with query head ki * G + j.
   qs.resize(d.q * d.h);
@@ -329,13 +315,9 @@ ffi::Error CacheAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
   // A decode step at batch 1 is a few microseconds of work: below ~64k
   // multiply-adds, waking another thread costs more than it saves.
   const int64_t work = d.b * d.k * d.q * d.h * d.s;
-  // Threads take chunks of consecutive units, each prefetching its next.
   const int64_t units = d.b * d.k;
-  const int64_t chunks = (units + kChunk - 1) / kChunk;
-  ParallelFor(pool, chunks, work < (1 << 16) ? 1 : chunks, [&](int64_t c) {
-    const int64_t end = std::min(units, (c + 1) * kChunk);
-    for (int64_t u = c * kChunk; u < end; ++u)
-      AttendUnit(d, in, u / d.k, u % d.k, ck, cv, op, u + 1 < end);
+  ParallelFor(pool, units, work < (1 << 16) ? 1 : units, [&](int64_t u) {
+    AttendUnit(d, in, u / d.k, u % d.k, ck, cv, op);
   });
   return ffi::Error::Success();
 }
