@@ -71,10 +71,14 @@ def main(argv):
             'hf': hf_run}
     outputs = {k: run() for k, run in runs.items()}   # compiles, warms up
     # Interleaved repeats, medians: the machine's speed drifts by 10-30 %
-    # over a minute, and each side should see the same drift.
+    # over a minute, and each side should see the same drift. Each timed
+    # run follows an untimed one of its own: right after the other library
+    # (torch's OpenMP threads spin on after a call) or after a pause, the
+    # first call ran up to 1.5-2.7x slower (measured for our prefill).
     times = {k: [] for k in runs}
     for _ in range(c.repeats):
       for k, run in runs.items():
+        run()
         t0 = time.perf_counter()
         run()
         times[k].append(time.perf_counter() - t0)

@@ -70,8 +70,12 @@ void Logits(const float* q, int64_t rows, int64_t h_dim, const float* k,
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
     LogitsRows<4>(q + r * h_dim, h_dim, k, s_dim, vectors, l + r * ldl, ldl);
-  for (; r < rows; ++r)
-    LogitsRows<1>(q + r * h_dim, h_dim, k, s_dim, vectors, l + r * ldl, ldl);
+  switch (rows - r) {  // a decode step's G = 2 query heads: one pass
+    case 3: LogitsRows<3>(q + r * h_dim, h_dim, k, s_dim, vectors, l + r * ldl, ldl); break;
+    case 2: LogitsRows<2>(q + r * h_dim, h_dim, k, s_dim, vectors, l + r * ldl, ldl); break;
+    case 1: LogitsRows<1>(q + r * h_dim, h_dim, k, s_dim, vectors, l + r * ldl, ldl); break;
+    default: break;
+  }
   for (int64_t s = vectors * kV; s < limit; ++s)
     for (int64_t i = 0; i < rows; ++i) {
       float acc = 0.f;
@@ -144,8 +148,17 @@ struct Inputs {
 void Prepare(const float* x, int64_t h_dim, const float* w, float eps,
              const float* c, const float* sn, float* y) {
   if (w != nullptr) {
+    // sum(x^2) in 16 lanes, then across them (a scalar sum is a chain of
+    // dependent adds: the prefill's norms cost as much as its logits).
+    vf acc{};
+    int64_t h = 0;
+    for (; h + kV <= h_dim; h += kV) {
+      const vf v = Load(x + h);
+      acc += v * v;
+    }
     float sum = 0.f;
-    for (int64_t h = 0; h < h_dim; ++h) sum += x[h] * x[h];
+    for (int i = 0; i < kV; ++i) sum += acc[i];
+    for (; h < h_dim; ++h) sum += x[h] * x[h];
     const float r = 1.f / std::sqrt(sum / h_dim + eps);
     for (int64_t h = 0; h < h_dim; ++h) y[h] = x[h] * r * w[h];
   } else {
