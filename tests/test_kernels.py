@@ -249,3 +249,22 @@ def test_cache_attention_is_batch_invariant_and_deterministic():
     s = slice(i, i + 1)
     one = fn(q[s], k_new[s], v_new[s], ck[s], cv[s], mask[s], 60)[0]
     np.testing.assert_array_equal(one[0], full[i])
+
+
+# --- argmax (argmax_cpu.cc) --------------------------------------------------
+
+
+@pytest.mark.skipif(not kernels.argmax_available(jnp.float32),
+                    reason='the CPU kernels cannot be built here')
+@pytest.mark.parametrize('shape', [(64, 1024), (5, 37), (3, 4, 16), (7,)])
+def test_argmax_equals_jnp_argmax(shape):
+  x = np.random.RandomState(0).randn(*shape).astype(np.float32)
+  flat = x.reshape(-1, shape[-1])
+  flat[0, 1] = flat[0, -1] = 50.0         # a tie: the first index wins
+  if flat.shape[0] > 2:
+    flat[1, 2], flat[1, 0] = np.nan, np.inf  # a NaN counts as the maximum
+    flat[2, :] = -np.inf
+  if flat.shape[0] > 3:
+    flat[3, -1] = 100.0                       # the very last element
+  np.testing.assert_array_equal(jax.jit(kernels.argmax)(x),
+                                jnp.argmax(x, axis=-1))

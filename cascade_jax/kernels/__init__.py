@@ -1,5 +1,7 @@
-"""Hand-written CPU kernels behind XLA's FFI, with XLA fallbacks: the sparse MoE expert FFN and KV-cache attention."""
+"""Hand-written CPU kernels behind XLA's FFI, with XLA fallbacks: the sparse MoE expert FFN, KV-cache attention, argmax."""
 
+from cascade_jax.kernels._argmax_cpu import argmax
+from cascade_jax.kernels._argmax_cpu import argmax_available
 from cascade_jax.kernels._attention_cpu import cache_attention
 from cascade_jax.kernels._attention_cpu import cache_attention_available
 from cascade_jax.kernels._moe_cpu import moe_ffn

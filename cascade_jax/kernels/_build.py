@@ -17,11 +17,13 @@ from absl import logging
 
 _DIR = pathlib.Path(__file__).parent
 # One library: the kernels' sources and the header they share.
-_SOURCES = (_DIR / 'moe_cpu.cc', _DIR / 'attention_cpu.cc')
+_SOURCES = (_DIR / 'moe_cpu.cc', _DIR / 'attention_cpu.cc',
+            _DIR / 'argmax_cpu.cc')
 _HEADERS = (_DIR / 'cpu_common.h',)
 # FFI target name -> the handler symbol the library exports.
 _TARGETS = {'cascade_jax_moe_ffn': 'CascadeJaxMoeFfn',
-            'cascade_jax_cache_attention': 'CascadeJaxCacheAttention'}
+            'cascade_jax_cache_attention': 'CascadeJaxCacheAttention',
+            'cascade_jax_argmax': 'CascadeJaxArgmax'}
 DISABLE_ENV = 'CASCADE_JAX_CPU_KERNELS'  # '0': XLA's own ops everywhere
 
 
@@ -106,3 +108,8 @@ def moe_ffn_target() -> str | None:
 def cache_attention_target() -> str | None:
   """The FFI target of the KV-cache attention kernel (attention_cpu.cc), or None."""
   return 'cascade_jax_cache_attention' if _library() is not None else None
+
+
+def argmax_target() -> str | None:
+  """The FFI target of the row-wise argmax (argmax_cpu.cc), or None."""
+  return 'cascade_jax_argmax' if _library() is not None else None
