@@ -71,10 +71,10 @@ def process_logits(logits, cfg: SampleConfig):
 def _argmax(x_bv):
   """jnp.argmax over the last axis (first index of the maximum).
 
-  XLA:CPU runs argmax's (value, index) reduction as scalar code (at batch
-  64 over 1024 logits ~1 ms per decode step); on the CPU in fp32 a kernel
-  does it (~10 us), elsewhere two plain reductions (max, then the least
-  index equal to it).
+  XLA:CPU runs jnp.argmax's (value, index) reduction as scalar code; the
+  two plain reductions below (a max, then the least index equal to it)
+  still took ~0.13 ms of a batch-64 decode step over 1024 logits. On the
+  CPU in fp32 a kernel does it (`kernels.argmax`).
   """
   if kernels.argmax_available(x_bv.dtype):
     return kernels.argmax(x_bv)
