@@ -27,24 +27,33 @@ struct Shapes {
                              // head dim, new tokens, cache slots
 };
 
-// l[r, 16j : 16j + 16] = q[r] . k[:, 16j : 16j + 16] for R rows and NB
-// vectors of slots: each key vector is loaded once for the R rows.
+// c[R, 16 NB] = a[R, n] @ b[n, 16 NB] (row strides lda, ldb, ldc): each
+// vector of b is loaded once for the R rows. Both halves of attention:
+// logits (a = queries, b = keys [H, S]) and value sums (a = probabilities,
+// b = values [S, H]).
 template <int R, int NB>
-void LogitsBlock(const float* q, int64_t h_dim, const float* k, int64_t ldk,
-                 float* l, int64_t ldl) {
+void MicroGemm(const float* a, int64_t lda, const float* b, int64_t ldb,
+               int64_t n, float* c, int64_t ldc) {
   vf acc[R][NB];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NB; ++j) acc[r][j] = vf{};
-  for (int64_t h = 0; h < h_dim; ++h) {
-    vf kv[NB];
-    for (int j = 0; j < NB; ++j) kv[j] = Load(k + h * ldk + j * kV);
+  for (int64_t i = 0; i < n; ++i) {
+    vf bv[NB];
+    for (int j = 0; j < NB; ++j) bv[j] = Load(b + i * ldb + j * kV);
     for (int r = 0; r < R; ++r) {
-      const vf a = Splat(q[r * h_dim + h]);
-      for (int j = 0; j < NB; ++j) acc[r][j] += a * kv[j];
+      const vf x = Splat(a[r * lda + i]);
+      for (int j = 0; j < NB; ++j) acc[r][j] += x * bv[j];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NB; ++j) Store(l + r * ldl + j * kV, acc[r][j]);
+    for (int j = 0; j < NB; ++j) Store(c + r * ldc + j * kV, acc[r][j]);
+}
+
+// l[r, 16j : 16j + 16] = q[r] . k[:, 16j : 16j + 16] for R rows.
+template <int R, int NB>
+void LogitsBlock(const float* q, int64_t h_dim, const float* k, int64_t ldk,
+                 float* l, int64_t ldl) {
+  MicroGemm<R, NB>(q, h_dim, k, ldk, h_dim, l, ldl);
 }
 
 template <int R>
@@ -84,25 +93,11 @@ void Logits(const float* q, int64_t rows, int64_t h_dim, const float* k,
     }
 }
 
-// o[r] = sum_{s < limit} p[r, s] v[s] for R rows, H = 16 NH: each value
-// row is loaded once for the R rows.
+// o[r] = sum_{s < limit} p[r, s] v[s] for R rows, H = 16 NH.
 template <int R, int NH>
 void WeightedSum(const float* p, int64_t ldp, const float* v, int64_t limit,
                  float* o) {
-  constexpr int64_t h_dim = NH * kV;
-  vf acc[R][NH];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NH; ++j) acc[r][j] = vf{};
-  for (int64_t s = 0; s < limit; ++s) {
-    vf vv[NH];
-    for (int j = 0; j < NH; ++j) vv[j] = Load(v + s * h_dim + j * kV);
-    for (int r = 0; r < R; ++r) {
-      const vf a = Splat(p[r * ldp + s]);
-      for (int j = 0; j < NH; ++j) acc[r][j] += a * vv[j];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NH; ++j) Store(o + r * h_dim + j * kV, acc[r][j]);
+  MicroGemm<R, NH>(p, ldp, v, NH * kV, limit, o, NH * kV);
 }
 
 template <int NH>
