@@ -7,12 +7,12 @@ import jax.numpy as jnp
 
 from cascade_jax.kernels import _build
 
+_TARGET = 'cascade_jax_argmax'
+
 
 def argmax_available(dtype) -> bool:
   """Whether `argmax` can run here: CPU backend, fp32, built."""
-  return (jax.default_backend() == 'cpu' and
-          jnp.dtype(dtype) == jnp.float32 and
-          _build.argmax_target() is not None)
+  return _build.available(_TARGET, dtype)
 
 
 def argmax(x: jax.Array) -> jax.Array:
@@ -23,10 +23,7 @@ def argmax(x: jax.Array) -> jax.Array:
   reduction runs as scalar code). Call only where
   `argmax_available(jnp.float32)`.
   """
-  target = _build.argmax_target()
-  if target is None:
-    raise RuntimeError('the CPU argmax kernel is unavailable here '
-                       '(see argmax_available)')
+  target = _build.target(_TARGET)
   call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32),
                           vmap_method='sequential')
   return call(x.astype(jnp.float32))

@@ -8,12 +8,12 @@ import numpy as np
 
 from cascade_jax.kernels import _build
 
+_TARGET = 'cascade_jax_cache_attention'
+
 
 def cache_attention_available(dtype) -> bool:
   """Whether `cache_attention` can run here: CPU backend, fp32, built."""
-  return (jax.default_backend() == 'cpu' and
-          jnp.dtype(dtype) == jnp.float32 and
-          _build.cache_attention_target() is not None)
+  return _build.available(_TARGET, dtype)
 
 
 def cache_attention(q_btnh: jax.Array, k_new_btkh: jax.Array,
@@ -59,10 +59,7 @@ def cache_attention(q_btnh: jax.Array, k_new_btkh: jax.Array,
   Returns:
     (out [B, T, N, H], cache_k, cache_v), fp32.
   """
-  target = _build.cache_attention_target()
-  if target is None:
-    raise RuntimeError('the CPU attention kernel is unavailable here '
-                       '(see cache_attention_available)')
+  target = _build.target(_TARGET)
   f32 = jnp.float32
   b, t = q_btnh.shape[:2]
   none = jnp.zeros((0,), f32)

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 
 import jax
+import jax.numpy as jnp
 from absl import logging
 
 _DIR = pathlib.Path(__file__).parent
@@ -100,16 +101,22 @@ def _library() -> ctypes.CDLL | None:
   return lib
 
 
-def moe_ffn_target() -> str | None:
-  """The FFI target of the sparse MoE kernel (moe_cpu.cc), or None if unavailable."""
-  return 'cascade_jax_moe_ffn' if _library() is not None else None
+def _known(name: str) -> None:
+  if name not in _TARGETS:
+    raise KeyError(f'no CPU kernel {name!r}; known: {sorted(_TARGETS)}')
 
 
-def cache_attention_target() -> str | None:
-  """The FFI target of the KV-cache attention kernel (attention_cpu.cc), or None."""
-  return 'cascade_jax_cache_attention' if _library() is not None else None
+def available(name: str, dtype) -> bool:
+  """Whether kernel `name` (a key of _TARGETS) can run here: CPU backend, fp32, library built."""
+  _known(name)
+  return (jax.default_backend() == 'cpu' and
+          jnp.dtype(dtype) == jnp.float32 and _library() is not None)
 
 
-def argmax_target() -> str | None:
-  """The FFI target of the row-wise argmax (argmax_cpu.cc), or None."""
-  return 'cascade_jax_argmax' if _library() is not None else None
+def target(name: str) -> str:
+  """`name` (a key of _TARGETS), registered with XLA's FFI; an error if the library is unavailable."""
+  _known(name)
+  if _library() is None:
+    raise RuntimeError(f'the CPU kernel {name} is unavailable here (see '
+                       'the warning logged when it was first needed)')
+  return name

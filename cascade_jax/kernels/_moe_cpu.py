@@ -8,14 +8,14 @@ import numpy as np
 
 from cascade_jax.kernels import _build
 
+_TARGET = 'cascade_jax_moe_ffn'
+
 _ACTIVATIONS = {'swiglu': 0, 'relu2': 1}
 
 
 def moe_ffn_available(act: str, dtype) -> bool:
   """Whether `moe_ffn` can run here: CPU backend, fp32, a known activation, built."""
-  return (jax.default_backend() == 'cpu' and act in _ACTIVATIONS and
-          jnp.dtype(dtype) == jnp.float32 and
-          _build.moe_ffn_target() is not None)
+  return act in _ACTIVATIONS and _build.available(_TARGET, dtype)
 
 
 def moe_ffn(x_nd: jax.Array, idx_nk: jax.Array, w_nk: jax.Array,
@@ -39,10 +39,7 @@ def moe_ffn(x_nd: jax.Array, idx_nk: jax.Array, w_nk: jax.Array,
   Returns:
     [N, D] fp32.
   """
-  target = _build.moe_ffn_target()
-  if target is None:
-    raise RuntimeError('the CPU MoE kernel is unavailable here '
-                       '(see moe_ffn_available)')
+  target = _build.target(_TARGET)
   if (w_up_edf is None) != (act != 'swiglu'):
     raise ValueError(f'moe_ffn: act {act!r} with w_up '
                      f'{"missing" if w_up_edf is None else "given"}')
