@@ -39,14 +39,15 @@ def cache_attention(q_btnh: jax.Array, k_new_btkh: jax.Array,
   dynamic_update_slice (its start clamped to [0, S - T]), then two dots
   around a masked softmax, where a query that sees no slot (padding) gets
   the mean of every slot's value. Slots past the last one any query of a
-  batch row sees are not read. The cache
-  outputs alias the cache inputs: inside a jitted loop XLA updates the
-  cache in place instead of copying it. Deterministic and batch-invariant.
-  Forward only. Call only where `cache_attention_available(jnp.float32)`.
+  batch row sees are not read. The cache outputs alias the cache inputs:
+  inside a jitted loop XLA updates the cache in place instead of copying
+  it. Deterministic and batch-invariant. Forward only. Call only where
+  `cache_attention_available(jnp.float32)`.
 
   Args:
-    q_btnh: [B, T, N, H] queries (after RoPE / QK-norm).
-    k_new_btkh, v_new_btkh: [B, T, K, H] the new tokens' keys and values.
+    q_btnh: [B, T, N, H] queries, before the QK-norm and RoPE.
+    k_new_btkh, v_new_btkh: [B, T, K, H] the new tokens' keys (before the
+      QK-norm and RoPE) and values.
     cache_k_bkhs: [B, K, H, S]; cache_v_bksh: [B, K, S, H] (fp32).
     mask_bts: [B, T, S] bool, which slots each new token may see (the
       written slots included).
