@@ -61,7 +61,7 @@ def test_capacity_slots_by_hand():
 
 @pytest.mark.parametrize('score_fn', ['softmax', 'sigmoid'])
 @pytest.mark.parametrize('activation', ['swiglu', 'relu2'])
-@pytest.mark.parametrize('dispatch', ['ragged', 'capacity'])
+@pytest.mark.parametrize('dispatch', ['ragged', 'capacity', 'dropless'])
 def test_dispatch_paths_agree_with_dense_when_nothing_dropped(
     score_fn, activation, dispatch):
   # capacity_factor = E / k makes C = N, so no expert can overflow.
@@ -142,6 +142,70 @@ def test_capacity_drops_are_counted_and_zeroed():
       x, expert_idx_btk=replay)
   np.testing.assert_allclose(y[0, :2], ref[0, :2], atol=1e-5)
   np.testing.assert_array_equal(y[0, 2:], 0.0)  # dropped tokens: no output
+
+
+@pytest.mark.parametrize('capacity', [None, 1, 3])
+def test_dropless_equals_dense_forward_and_grads_even_past_capacity(capacity):
+  # 16 tokens, top-2 of 4 experts: a mean load of 8 pairs per expert. With
+  # 1 or 3 slots every expert overflows, and `dropless` must fall back to
+  # dense (where `capacity` would drop); with None (twice the mean load)
+  # it runs the blocks. Either way nothing drops, forward or backward.
+  kw = dict(score_fn='sigmoid', use_expert_bias=True, num_shared_experts=1,
+            shared_expert_dim=8)
+  ref = model.MoE(_moe_cfg(**kw), rngs=nnx.Rngs(0))
+  alt = model.MoE(_moe_cfg(dispatch='dropless', **kw), rngs=nnx.Rngs(0))
+  x = _x()
+
+  def loss(m, x):
+    y, info = m(x, capacity=capacity)
+    return jnp.sum(jnp.sin(y)), info
+
+  grad = nnx.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+  (l0, _), (g0, gx0) = grad(ref, x)
+  (l1, i1), (g1, gx1) = grad(alt, x)
+  assert float(i1['dropped']) == 0.0
+  np.testing.assert_allclose(l1, l0, rtol=1e-5)
+  np.testing.assert_allclose(gx1, gx0, atol=1e-5)
+  chex.assert_trees_all_close(nnx.state(g1, nnx.Param),
+                              nnx.state(g0, nnx.Param), atol=1e-5)
+  if capacity:   # the same capacity without the fallback drops tokens
+    _, info = model.MoE(_moe_cfg(dispatch='capacity', **kw),
+                        rngs=nnx.Rngs(0))(x, capacity=capacity)
+    assert float(info['dropped']) > 0.3
+
+
+def test_replay_capacity_by_hand_and_never_drops():
+  # Token 3 is padding: its pairs do not count. Layer 0: expert 1 gets 3
+  # real pairs; layer 1: expert 2 gets 5 (6 tokens less the padding).
+  # Capacity = 5 (no rounding below 8).
+  idx = np.zeros((2, 1, 6, 1), np.int32)
+  idx[0, 0, :, 0] = [1, 1, 1, 1, 0, 3]
+  idx[1, 0, :, 0] = 2
+  valid = np.array([[True, True, True, False, True, True]])
+  assert model.replay_capacity(idx, valid, 4) == 5
+  # Rounded up to a quarter of the power of two below: 9 -> 10, 17 -> 20,
+  # 100 -> 112 (at most 25 % unused slots, a few shapes per run).
+  for load, want in [(9, 10), (16, 16), (17, 20), (100, 112)]:
+    e = np.zeros((1, 1, load, 1), np.int32)
+    assert model.replay_capacity(e, np.ones((1, load), bool), 4) == want
+  # The main job's preset with a skewed expert bias: routing it and
+  # replaying it at that capacity drops nothing.
+  cfg = model.small(vocab_size=64)
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  for i, layer in enumerate(m.moe_layers()):
+    layer.expert_bias[...] = jnp.asarray(
+        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  toks = jax.random.randint(jax.random.key(0), (8, 24), 0, 64)
+  _, info = m(toks)
+  assert float(info['router']['dropped'].max()) > 0   # capacity 1.25 drops
+  kw = model.exact_dispatch(cfg, np.asarray(info['expert_idx']),
+                            np.ones((8, 24), bool))
+  assert kw['moe_dispatch'] == 'capacity'
+  _, info2 = m(toks, expert_idx=info['expert_idx'], **kw)
+  assert float(info2['router']['dropped'].max()) == 0.0
+  # Not replayed: dropless; dispatch paths that never drop: as they are.
+  assert model.exact_dispatch(cfg) == {'moe_dispatch': 'dropless'}
+  assert model.exact_dispatch(cfg.replace_moe(dispatch='ragged')) == {}
 
 
 def test_router_stats_by_hand():

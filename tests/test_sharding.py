@@ -28,7 +28,7 @@ def _cfg(dispatch):
       shared_expert_dim=8))
 
 
-def _loss_and_grads(cfg, ctx):
+def _loss_and_grads(cfg, ctx, **call_kw):
   m = model.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
   if ctx is not None:
     sharding.shard_model(m, ctx)
@@ -38,7 +38,7 @@ def _loss_and_grads(cfg, ctx):
   @jax.jit
   def f(params, toks):
     def loss(params):
-      logits, info = nnx.merge(graph, params, rest)(toks)
+      logits, info = nnx.merge(graph, params, rest)(toks, **call_kw)
       nll = -jnp.mean(jnp.take_along_axis(
           jax.nn.log_softmax(logits[:, :-1]), toks[:, 1:, None], -1))
       return nll + info['aux_loss'], logits
@@ -62,7 +62,8 @@ def _reference(dispatch):
 
 
 @pytest.mark.parametrize('mesh_name', sorted(MESHES))
-@pytest.mark.parametrize('dispatch', ['dense', 'ragged', 'capacity'])
+@pytest.mark.parametrize('dispatch', ['dense', 'ragged', 'capacity',
+                                      'dropless'])
 def test_sharded_forward_and_grads_equal_single_device(mesh_name, dispatch):
   assert jax.device_count() == 8
   ctx = sharding.ShardingCtx(sharding.make_mesh(MESHES[mesh_name]))
@@ -75,6 +76,20 @@ def test_sharded_forward_and_grads_equal_single_device(mesh_name, dispatch):
   same = jax.tree.map(
       lambda g, p: g.sharding.is_equivalent_to(p.sharding, p.ndim), g1, params)
   assert all(jax.tree.leaves(same)), same
+
+
+@pytest.mark.parametrize('mesh_name', ['data2_expert4',
+                                       'fsdp2_expert2_tensor2'])
+def test_sharded_dropless_falls_back_to_dense_together(mesh_name):
+  # One slot per expert: every expert overflows on some shard, so the
+  # layer runs dense, on every shard of the all_to_all group at once (a
+  # shard taking the other branch would wait forever in its collective).
+  ctx = sharding.ShardingCtx(sharding.make_mesh(MESHES[mesh_name]))
+  l0, logits0, g0, _ = _reference('dense')
+  l1, logits1, g1, _ = _loss_and_grads(_cfg('dropless'), ctx, moe_capacity=1)
+  np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(g1, g0, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('mesh_name, want', [

@@ -13,6 +13,8 @@ from cascade_jax.model._config import small
 from cascade_jax.model._config import tiny
 from cascade_jax.model._dispatch import capacity_slots
 from cascade_jax.model._dispatch import expert_forward
+from cascade_jax.model._dispatch import replay_capacity
+from cascade_jax.model._moe import exact_dispatch
 from cascade_jax.model._moe import ExpertBias
 from cascade_jax.model._moe import MoE
 from cascade_jax.model._moe import route

@@ -10,7 +10,7 @@ PATTERN_LETTERS = {ATTENTION: 'attention', MOE: 'moe', MLP: 'mlp',
                    MAMBA: 'mamba2'}
 ACTIVATIONS = ('swiglu', 'relu2')
 SCORE_FNS = ('softmax', 'sigmoid')
-DISPATCHES = ('ragged', 'capacity', 'dense')
+DISPATCHES = ('ragged', 'capacity', 'dense', 'dropless')
 DTYPES = ('float32', 'bfloat16')
 
 

@@ -16,6 +16,12 @@ expert-parallel path (inside `shard_map`).
   blocks (capacity = factor * tokens * top_k / experts, the overflow is
   dropped and counted), exchanged with `all_to_all` under expert parallelism.
   Both gathers have gather-only backward passes (see `_gather_rows`).
+- `dropless`: `capacity`'s blocks when no expert overflows them, `dense`
+  otherwise (`lax.cond`, per layer): exact, like `dense`, at about
+  `capacity`'s cost. Every forward that scores a rollout (learner,
+  reference, teachers, reward model) runs an exact path: `capacity` with a
+  capacity large enough for the replayed routing (`replay_capacity`), or
+  this one where the routing is not known in advance.
 
 Decoding (the sampler's few tokens a step, one device) has its own exact
 path, `decode_forward`, over weights laid out once per generation by
@@ -30,6 +36,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cascade_jax import kernels
 from cascade_jax.model._layers import activation
@@ -226,6 +233,54 @@ def _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
   return _combine(y_pd.reshape(n, k, d), w_nk), keep_nk
 
 
+def _dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
+              tensor_axes, valid_n=None, *, dense=None):
+  """`_capacity` when every expert's load fits `cap`, else dense: never drops.
+
+  The test is taken over the expert axes (every shard of an all_to_all group
+  must take the same branch). `dense` overrides the fallback (the decode
+  path's pre-laid-out flat weights).
+  """
+  load = jnp.bincount(_expert_of_pair(idx_nk, num_experts, valid_n),
+                      length=num_experts + 1)[:num_experts]
+  worst = jnp.max(load)
+  if expert_axes:
+    worst = jax.lax.pmax(worst, expert_axes)
+  if dense is None:
+    dense = lambda: _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes,
+                                tensor_axes)
+  blocks = lambda: _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap,
+                             expert_axes, tensor_axes, valid_n)[0]
+  y = jax.lax.cond(worst <= cap, blocks, dense)
+  return y, jnp.ones(idx_nk.shape, bool)
+
+
+def replay_capacity(expert_idx_lbtk, valid_bt, num_experts: int) -> int:
+  """Capacity (slots per expert) that drops nothing under a replayed routing.
+
+  The largest number of real (token, choice) pairs any expert receives in
+  any MoE layer of the batch (an upper bound for every shard of it too),
+  rounded up to a quarter of its power of two (2^j + i 2^(j-2)), so that a
+  run's updates see a few capacities, each compiled once, with at most
+  25 % of slots unused.
+
+  Args:
+    expert_idx_lbtk: [L_moe, B, T, k] the routing to replay (numpy).
+    valid_bt: [B, T] real tokens (segment id != 0); padding takes no slot.
+    num_experts: E.
+  """
+  e = np.asarray(expert_idx_lbtk)
+  valid = np.broadcast_to(np.asarray(valid_bt, bool)[None, :, :, None],
+                          e.shape)
+  if not valid.any():
+    return 1
+  layer = np.repeat(np.arange(e.shape[0]), e[0].size).reshape(e.shape)
+  load = np.bincount((layer * num_experts + e)[valid],
+                     minlength=e.shape[0] * num_experts).max()
+  q = 2 ** max(int(load).bit_length() - 3, 0)
+  return int(-(-load // q) * q)
+
+
 # ------------------------------------------------------------------ decode
 
 
@@ -277,7 +332,7 @@ def decode_weights(ws, num_tokens: int, top_k: int, *, act: str,
 
 
 PREFILL_ROWS_PER_EXPERT = 64
-PREFILL_CAPACITY_FACTOR = 2.0
+DROPLESS_CAPACITY_FACTOR = 2.0
 
 
 def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str,
@@ -325,12 +380,9 @@ def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str,
     n, k = idx_nk.shape
     if n * k < PREFILL_ROWS_PER_EXPERT * num_experts:
       return dense()
-    cap = capacity(n, k, num_experts, PREFILL_CAPACITY_FACTOR)
-    load = jnp.bincount(_expert_of_pair(idx_nk, num_experts, valid_n),
-                        length=num_experts + 1)[:num_experts]
-    blocks = lambda: _capacity(x_nd, idx_nk, w_nk, dw.stacked, act,
-                               num_experts, cap, (), (), valid_n)[0]
-    return jax.lax.cond(jnp.max(load) <= cap, blocks, dense)
+    cap = capacity(n, k, num_experts, DROPLESS_CAPACITY_FACTOR)
+    return _dropless(x_nd, idx_nk, w_nk, dw.stacked, act, num_experts, cap,
+                     (), (), valid_n, dense=dense)[0]
   comb = _combine_weights(idx_nk, w_nk, len(dw.per_expert)).astype(x_nd.dtype)
   chosen = jnp.any(comb != 0, axis=0)
   out = jnp.zeros_like(x_nd)
@@ -347,6 +399,7 @@ def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str,
 
 def expert_forward(x_nd, idx_nk, w_nk, ws, valid_n=None, *, act: str,
                    dispatch: str, num_experts: int, capacity_factor: float,
+                   capacity_slots: int | None = None,
                    expert_axes: Axes = (), tensor_axes: Axes = ()):
   """Weighted expert outputs for this shard's tokens.
 
@@ -357,22 +410,36 @@ def expert_forward(x_nd, idx_nk, w_nk, ws, valid_n=None, *, act: str,
       this shard's experts (E_loc = E / expert-axis size) and width slice.
     valid_n: [N] bool, False for padding (takes no capacity slot); None:
       every token is real.
+    dispatch: 'dense' | 'ragged' | 'capacity' | 'dropless'.
+    capacity_slots: `capacity` / `dropless` slots per expert (per source
+      shard) instead of `capacity_factor`'s (`dropless`: at least twice the
+      mean load when neither is larger).
     expert_axes / tensor_axes: mesh axes splitting experts / expert width.
 
   Returns:
     ([N, D] output, [N, k] bool: pair was computed, i.e. not dropped).
   """
-  if dispatch == 'capacity':
-    cap = capacity(x_nd.shape[0], idx_nk.shape[1], num_experts,
-                   capacity_factor)
-    return _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap,
-                     expert_axes, tensor_axes, valid_n)
-  local = {'dense': _dense_local, 'ragged': _ragged_local}[dispatch]
-  keep = jnp.ones(idx_nk.shape, bool)
+  if dispatch in ('capacity', 'dropless'):
+    n, k = idx_nk.shape
+    factor = (capacity_factor if dispatch == 'capacity' else
+              max(capacity_factor, DROPLESS_CAPACITY_FACTOR))
+    cap = capacity_slots or capacity(n, k, num_experts, factor)
+    path = _capacity if dispatch == 'capacity' else _dropless
+    return path(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
+                tensor_axes, valid_n)
+  y = _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
+                  ragged=dispatch == 'ragged')
+  return y, jnp.ones(idx_nk.shape, bool)
+
+
+def _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes, *,
+                ragged=False):
+  """`dense` (or `ragged`): every pair computed, on one shard or over the expert axes."""
+  local = _ragged_local if ragged else _dense_local
   ep = _axis_size(expert_axes)
   if ep == 1:
     y = local(x_nd, idx_nk, w_nk, ws, act, 0)
-    return (jax.lax.psum(y, tensor_axes) if tensor_axes else y), keep
+    return jax.lax.psum(y, tensor_axes) if tensor_axes else y
   # Portable expert parallelism: every shard sees the tokens of its expert
   # group, computes its own experts' share, and the shares are summed back
   # to the token owners.
@@ -383,5 +450,5 @@ def expert_forward(x_nd, idx_nk, w_nk, ws, valid_n=None, *, act: str,
   y_all = local(x_all, idx_all, w_all, ws, act, first)
   if tensor_axes:
     y_all = jax.lax.psum(y_all, tensor_axes)
-  y = jax.lax.psum_scatter(y_all, expert_axes, scatter_dimension=0, tiled=True)
-  return y, keep
+  return jax.lax.psum_scatter(y_all, expert_axes, scatter_dimension=0,
+                              tiled=True)

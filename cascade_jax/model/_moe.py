@@ -107,12 +107,14 @@ class MoE(nnx.Module):
                expert_idx_btk: jax.Array | None = None,
                with_stats: bool = True,
                dispatch: str | None = None,
+               capacity: int | None = None,
                decode_weights: _dispatch.DecodeWeights | None = None,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Returns (y [B, T, D], router info: stats, aux losses, expert_idx [B, T, k]).
 
     With `with_stats=False` the info holds only expert_idx (decoding);
-    `dispatch` overrides the configured path. With `decode_weights` (from
+    `dispatch` overrides the configured path and `capacity` the capacity
+    paths' slots per expert. With `decode_weights` (from
     `self.decode_weights`, laid out once per generation) the experts run the
     sampler's exact path (`_dispatch.decode_forward`) instead.
     """
@@ -134,7 +136,7 @@ class MoE(nnx.Module):
     else:
       y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk,
                                     self._weights(x_btd.dtype), valid_n,
-                                    dispatch or m.dispatch)
+                                    dispatch or m.dispatch, capacity)
     if self.shared is not None:
       y_nd = y_nd + self.shared(x_nd)
 
@@ -166,11 +168,12 @@ class MoE(nnx.Module):
                                     act=self.cfg.activation,
                                     use_kernel=use_kernel)
 
-  def _experts(self, x_nd, idx_nk, w_nk, ws, valid_n, dispatch):
+  def _experts(self, x_nd, idx_nk, w_nk, ws, valid_n, dispatch, capacity):
     m = self.cfg
     fn = functools.partial(
         _dispatch.expert_forward, act=m.activation, dispatch=dispatch,
-        num_experts=m.num_experts, capacity_factor=m.capacity_factor)
+        num_experts=m.num_experts, capacity_factor=m.capacity_factor,
+        capacity_slots=capacity)
     if self.ctx is None:
       return fn(x_nd, idx_nk, w_nk, ws, valid_n)
 
@@ -191,6 +194,26 @@ class MoE(nnx.Module):
                 None if valid_n is None else tok)
     return jax.shard_map(fn, mesh=ctx.mesh, in_specs=in_specs,
                          out_specs=(tok, tok))(x_nd, idx_nk, w_nk, ws, valid_n)
+
+
+def exact_dispatch(cfg: ModelConfig, expert_idx_lbtk=None, valid_bt=None
+                   ) -> dict[str, Any]:
+  """`Transformer` keyword arguments for a forward that drops no token.
+
+  A forward that scores a rollout (learner, reference, teacher, reward
+  model) must compute what the sampler computed, whatever else is in the
+  batch. `dense`, `ragged` and `dropless` never drop; `capacity` would, so
+  with a replayed routing (numpy `expert_idx_lbtk` [L_moe, B, T, k] and
+  `valid_bt` [B, T]) it gets a capacity that fits it (`replay_capacity`:
+  exact at `capacity`'s cost), and without one it runs `dropless`.
+  """
+  if cfg.moe is None or cfg.moe.dispatch != 'capacity':
+    return {}
+  if expert_idx_lbtk is None:
+    return dict(moe_dispatch='dropless')
+  return dict(moe_dispatch='capacity',
+              moe_capacity=_dispatch.replay_capacity(
+                  expert_idx_lbtk, valid_bt, cfg.moe.num_experts))
 
 
 def _spec_axes(entry) -> tuple[str, ...]:

@@ -112,6 +112,7 @@ class Transformer(nnx.Module):
                return_hidden: bool = False,
                router_stats: bool = True,
                moe_dispatch: str | None = None,
+               moe_capacity: int | None = None,
                moe_decode_weights: Sequence[Any] | None = None,
                rope_cs: tuple[jax.Array, jax.Array] | None = None,
                last_logits_only: bool = False,
@@ -130,6 +131,8 @@ class Transformer(nnx.Module):
       router_stats: compute the routers' load / aux-loss statistics (the
         sampler's decode steps skip them; 'expert_idx' is always returned).
       moe_dispatch: overrides the MoE layers' configured dispatch path.
+      moe_capacity: slots per expert for the `capacity` / `dropless` paths
+        (e.g. `replay_capacity` of a replayed routing: then nothing drops).
       moe_decode_weights: from `decode_weights()`: run the MoE layers'
         exact decode path with these weights (entries None: as usual).
       rope_cs: `rope_tables(positions_bt, ...)`, precomputed (the sampler
@@ -198,7 +201,7 @@ class Transformer(nnx.Module):
         replay = None if expert_idx is None else expert_idx[i]
         h, stats = blk.mixer(
             h, valid_bt=valid, expert_idx_btk=replay, with_stats=router_stats,
-            dispatch=moe_dispatch, decode_weights=(
+            dispatch=moe_dispatch, capacity=moe_capacity, decode_weights=(
                 None if moe_decode_weights is None else moe_decode_weights[i]))
         routers.append(stats)
       else:
