@@ -44,6 +44,29 @@ def test_scores_do_not_depend_on_padding(tok):
   np.testing.assert_allclose(both[0], alone[0], atol=1e-5)
 
 
+def test_exact_scores_do_not_depend_on_the_batch(tok):
+  # The main job's model (capacity dispatch) with a skewed expert bias: in
+  # a batch of 40 responses its configured path drops tokens, so a score
+  # would depend on the other responses. Scoring runs exact.
+  backbone = model.Transformer(model.small(vocab_size=tok.vocab_size),
+                               rngs=nnx.Rngs(0))
+  for i, layer in enumerate(backbone.moe_layers()):
+    layer.expert_bias[...] = jnp.asarray(
+        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  rm = reward_model.RewardModel(backbone, rngs=nnx.Rngs(1))
+  words = ['cats are soft and quiet.', 'rain is wet.', 'stupid question.']
+  resp = [' '.join(words[(i + j) % 3] for j in range(1 + i % 4))
+          for i in range(40)]
+  t, last = map(jnp.asarray, reward_model.encode_pairs(tok, _recs(40), resp,
+                                                       seq_len=48))
+  s_all, info = rm(t, last, exact=True, with_info=True)
+  assert float(info['router']['dropped'].max()) == 0.0
+  alone = rm(t[:1], last[:1], exact=True)
+  np.testing.assert_allclose(s_all[0], alone[0], atol=1e-5)
+  _, info = rm(t, last, with_info=True)            # the configured path
+  assert float(info['router']['dropped'].max()) > 0
+
+
 def test_learns_to_prefer_the_chosen_response(tok):
   rm = reward_model.RewardModel(
       model.Transformer(model.tiny(vocab_size=tok.vocab_size),

@@ -5,6 +5,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import chex
 import numpy as np
 import pytest
 from flax import nnx
@@ -46,6 +47,72 @@ def test_config_errors():
     rl.RLConfig(algorithm='ppo')
   with pytest.raises(ValueError, match='rollouts_per_prompt'):
     rl.RLConfig(rollouts_per_prompt=1)
+  for t in (0.0, -1.0):
+    with pytest.raises(ValueError, match='rl.temperature must be > 0'):
+      rl.RLConfig(temperature=t)
+  with pytest.raises(ValueError, match='rl.top_p'):
+    rl.RLConfig(top_p=0.0)
+  with pytest.raises(ValueError, match='rl.top_k'):
+    rl.RLConfig(top_k=-1)
+
+
+def _main_job_policy(tok, seed=0):
+  """The main job's preset (capacity dispatch, sigmoid router, shared
+  expert, expert bias) with a non-zero bias, as after SFT's balancing."""
+  cfg = model.small(vocab_size=tok.vocab_size)
+  assert (cfg.moe.dispatch, cfg.moe.score_fn, cfg.moe.num_shared_experts,
+          cfg.moe.use_expert_bias) == ('capacity', 'sigmoid', 1, True)
+  m = model.Transformer(cfg, rngs=nnx.Rngs(seed))
+  for i, layer in enumerate(m.moe_layers()):
+    layer.expert_bias[...] = jnp.asarray(
+        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  opt = train.make_optimizer(train.OptimConfig(
+      lr=1e-3, warmup_steps=1, schedule='constant', weight_decay=0.0))
+  return (cfg, opt) + train.init_state(m, opt)
+
+
+@pytest.mark.parametrize('top_p', [1.0, 0.95])
+def test_learner_equals_sampler_on_the_main_jobs_model(setup, top_p):
+  # 64 rollouts x 16 tokens through the main job's model: its configured
+  # capacity (factor 1.25) drops tokens in a batch this size, so the
+  # learner must run an exact path to see what the sampler computed.
+  tok, _, recs = setup
+  cfg, opt, graph, state = _main_job_policy(tok)
+  c = rl.RLConfig(prompts_per_step=8, rollouts_per_prompt=8,
+                  max_new_tokens=16, top_p=top_p, dynamic_filtering=False,
+                  overlong='none')
+  batch, rewards, _, _ = rl.collect(
+      nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
+      c, jax.random.key(0), reward_fn=lambda r, _: np.arange(len(r)) % 2)
+  if top_p < 1:   # the sampler kept part of the vocabulary at some tokens
+    kept = batch['kept'][batch['mask'] > 0]
+    assert kept.min() < tok.vocab_size, kept.min()
+  batch['advantages'] = np.asarray(losses.group_advantages(
+      jnp.asarray(rewards), c.rollouts_per_prompt))
+  state, m = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
+  assert m['sampler_mismatch_max'] <= 1e-5, m
+  assert m['dropped_learner'] == 0.0
+  # What the configured path would have done with the same batch.
+  _, m_cap = rl.update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
+                       opt=opt, cfg=c)
+  assert float(m_cap['dropped_learner']) > 0.01
+  assert float(m_cap['sampler_mismatch_max']) > 1e-3
+
+
+def test_top_p_is_scored_over_the_sampled_set():
+  # Logits log [.5, .3, .15, .05]: top-p 0.8 keeps {0, 1} (0.5 < 0.8 <=
+  # 0.8); renormalised, token 1 has log(.3 / .8). keep_top_n with the
+  # recorded count (2) gives the same, and ties with the n-th are kept.
+  logits = jnp.log(jnp.array([[.5, .3, .15, .05]]))
+  sc = rollout.SampleConfig(top_p=0.8)
+  lp = jax.nn.log_softmax(rollout.process_logits(logits, sc))
+  np.testing.assert_allclose(lp[0, 1], np.log(.3 / .8), rtol=1e-6)
+  lp2 = jax.nn.log_softmax(rollout.keep_top_n(logits, jnp.array([2])))
+  np.testing.assert_allclose(lp2, lp, rtol=1e-6)
+  tied = rollout.keep_top_n(jnp.array([[1.0, 2.0, 1.0, 0.0]]), jnp.array([2]))
+  np.testing.assert_array_equal(tied > -1e29, [[True, True, True, False]])
+  with pytest.raises(ValueError, match='temperature must be > 0'):
+    rollout.process_logits(logits, rollout.SampleConfig(temperature=0.0))
 
 
 def test_grpo_learns_a_toy_reward_with_matching_logprobs(setup):
@@ -178,6 +245,136 @@ def test_dynamic_filtering_drops_groups_with_equal_rewards(setup):
       c, jax.random.key(0), reward_fn=lambda r, s: np.ones(len(s)))
   assert batch is None
   assert stats['groups'] == stats['filtered_groups'] == 4   # 2 + 2 refilled
+
+
+def test_overlong_filter_removes_cut_responses_from_the_loss(setup):
+  tok, cfg, recs = setup
+  opt, graph, state = _init(cfg)
+  # <|im_end|>'s output weights scaled up: some rows stop within 3 tokens.
+  head = state.params['head_dv']
+  head[...] = head[...].at[:, tok.im_end].multiply(30.0)
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=3,
+                  dynamic_filtering=False, overlong='filter')
+  ones = lambda r, s: np.ones(len(s))
+  policy = nnx.merge(graph, state.params, state.rest)
+  batch, rewards, _, stats = rl.collect(policy, tok, rl.PromptStream(recs), c,
+                                        jax.random.key(0), reward_fn=ones)
+  unfiltered, _, _, _ = rl.collect(
+      policy, tok, rl.PromptStream(recs),
+      dataclasses.replace(c, overlong='none'), jax.random.key(0),
+      reward_fn=ones)
+  cut = batch['mask'].sum(1) == 0
+  assert 0 < stats['truncated'] == cut.sum() < 8    # rows cut at 3 tokens
+  np.testing.assert_array_equal(batch['mask'][~cut], unfiltered['mask'][~cut])
+  np.testing.assert_array_equal(rewards, 1.0)       # rewards kept as scored
+  # The update on the filtered batch equals the update on the finished
+  # responses alone (advantages as given): the cut ones add no gradient.
+  batch['advantages'] = np.linspace(-1, 1, 8).astype(np.float32)
+  keep = {k: v[:, ~cut] if k == 'expert_idx' else v[~cut]
+          for k, v in batch.items()}
+  outs = [rl.update(jax.tree.map(jnp.copy, state), jax.tree.map(jnp.asarray, b),
+                    graph=graph, opt=opt, cfg=c, moe=rl.exact_moe(cfg, b))
+          for b in (batch, keep)]
+  for k in ('loss', 'grad_norm', 'token_count'):
+    np.testing.assert_allclose(float(outs[0][1][k]), float(outs[1][1][k]),
+                               rtol=1e-5)
+  chex.assert_trees_all_close(outs[0][0].params, outs[1][0].params, atol=1e-6)
+
+
+def test_each_teacher_scores_its_own_domains_rows_only(setup, monkeypatch):
+  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+  tok, cfg, recs = setup
+  _, graph, state = _init(cfg)
+  teachers = {}
+  for seed, dom in enumerate(('a', 'b')):
+    m = model.Transformer(cfg, rngs=nnx.Rngs(10 + seed))
+    teachers[dom] = nnx.split(m, nnx.Param, ...)
+  mixed = [dict(r, domain='ab'[i % 3 == 0]) for i, r in enumerate(recs)]
+  c = rl.RLConfig(prompts_per_step=6, rollouts_per_prompt=2, max_new_tokens=6,
+                  dynamic_filtering=False, algorithm='mopd')
+  batch, _, brecs, _ = rl.collect(
+      nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(mixed),
+      c, jax.random.key(0), reward_fn=share_of_a)
+  doms = np.asarray([r['domain'] for r in brecs])
+  assert set(doms) == {'a', 'b'}
+  calls = []
+  frozen = _stage._frozen
+
+  def recording(graph, params, rest, b, **kw):
+    calls.append((params, np.asarray(b['inputs'])))
+    return frozen(graph, params, rest, b, **kw)
+  monkeypatch.setattr(_stage, '_frozen', recording)
+  lp, dropped = _stage._teacher_logp(teachers, batch, brecs)
+  assert dropped == 0.0 and len(calls) == 2
+  for dom, (params, inputs) in zip(('a', 'b'), calls):
+    assert params is teachers[dom][1]
+    rows = np.flatnonzero(doms == dom)
+    # Its own rows (then copies of its first, up to a power of two): no
+    # other domain's row reaches this teacher.
+    assert len(inputs) == 1 << (len(rows) - 1).bit_length()
+    np.testing.assert_array_equal(inputs[:len(rows)], batch['inputs'][rows])
+    np.testing.assert_array_equal(inputs[len(rows):],
+                                  batch['inputs'][rows[:1]].repeat(
+                                      len(inputs) - len(rows), 0))
+    # ... and those rows get this teacher's log-probs, not the other's.
+    fwd = {k: jnp.asarray(batch[k]) for k in _stage._FORWARD_KEYS}
+    own, _ = frozen(*teachers[dom], fwd)
+    other, _ = frozen(*teachers['b' if dom == 'a' else 'a'], fwd)
+    m = batch['mask'][rows] > 0
+    np.testing.assert_allclose(lp[rows][m], np.asarray(own)[rows][m],
+                               atol=1e-5)
+    assert np.abs(lp[rows][m] - np.asarray(other)[rows][m]).max() > 1e-2
+  with pytest.raises(ValueError, match=r"no teacher for domains \['b'\]"):
+    _stage._teacher_logp({'a': teachers['a']}, batch, brecs)
+
+
+def test_overlong_penalty_by_reward_kind():
+  r = np.array([0.7, 0.2, 0.9, 0.4, -3.0, 5.0], np.float32)
+  cut = np.array([False, False, True, False, True, False])
+  # A verifier's rewards: a cut response gets 0.
+  np.testing.assert_allclose(rl.overlong_penalty(r, cut, 3),
+                             [0.7, 0.2, 0.0, 0.4, 0.0, 5.0])
+  # A reward model's: the lowest score of its group (0.2; -3.0 is its own).
+  np.testing.assert_allclose(rl.overlong_penalty(r, cut, 3, bounded=False),
+                             [0.7, 0.2, 0.2, 0.4, -3.0, 5.0])
+
+
+def test_refills_sample_only_what_is_missing(setup):
+  tok, cfg, recs = setup
+  _, graph, state = _init(cfg)
+  assert [rl.refill_size(m, 16) for m in (1, 3, 4, 5, 9, 16)] == [
+      4, 4, 4, 8, 16, 16]
+  assert rl.refill_size(1, 2) == 1
+  c = rl.RLConfig(prompts_per_step=8, rollouts_per_prompt=2, max_new_tokens=4,
+                  max_refill_rounds=2, overlong='none')
+  # Prompts 0-4 of each round's first five get equal rewards (filtered).
+  seen = []
+
+  def reward(records, _):
+    seen.append(len(records))
+    return np.asarray([float(i % 2) if int(r['id']) >= 5 else 1.0
+                       for i, r in enumerate(records)])
+  recs = [dict(r, id=str(i)) for i, r in enumerate(recs)]
+  batch, _, _, stats = rl.collect(
+      nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
+      c, jax.random.key(0), reward_fn=reward)
+  # Round 1 samples 8 prompts; what it lacks is refilled with a power of two
+  # of prompts (at least 2), not another 8.
+  assert seen[0] == 16 and all(n < 16 for n in seen[1:]), seen
+  assert stats['sampled_prompts'] == sum(seen) // 2
+  assert batch['inputs'].shape[0] == 16
+
+
+def test_prompt_stream_order_and_resume():
+  recs = [dict(id=str(i)) for i in range(5)]
+  s = rl.PromptStream(recs, seed=3)
+  got = [r['id'] for r in s.take(12)]
+  # A new seeded permutation each epoch (seed + epoch), as before.
+  want = [str(i) for e in range(3)
+          for i in np.random.RandomState(3 + e).permutation(5)][:12]
+  assert got == want
+  s2 = rl.PromptStream(recs, seed=3, position=7)
+  assert [r['id'] for r in s2.take(5)] == want[7:12]
 
 
 def test_overlong_responses_are_penalised(setup):

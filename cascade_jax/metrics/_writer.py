@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -18,13 +18,35 @@ def _scalar(v):
 
 
 class MetricsWriter:
-  """Writes scalars to <workdir>/metrics.jsonl and TensorBoard event files."""
+  """Writes scalars to <workdir>/<name>_metrics.jsonl and TensorBoard event files.
+
+  `keep`: for a resumed run, which of the file's existing rows stay (the
+  rows a killed run wrote after its last checkpoint are written again by
+  the resumed one, and must not appear twice); None keeps every row.
+  """
 
   def __init__(self, workdir: str, *, name: str = 'train',
-               tensorboard: bool = True):
+               tensorboard: bool = True,
+               keep: Callable[[dict], bool] | None = None):
     os.makedirs(workdir, exist_ok=True)
     self.name = name
-    self._jsonl = open(os.path.join(workdir, f'{name}_metrics.jsonl'), 'a')
+    path = os.path.join(workdir, f'{name}_metrics.jsonl')
+    if keep is not None and os.path.exists(path):
+      with open(path) as f:
+        rows = [line for line in f if line.strip()]
+      # A row cut by a kill mid-write is dropped with the rest after it.
+      kept = []
+      for line in rows:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:
+          break
+        if keep(row):
+          kept.append(json.dumps(row) + '\n')
+      with open(path + '.tmp', 'w') as f:
+        f.writelines(kept)
+      os.replace(path + '.tmp', path)
+    self._jsonl = open(path, 'a')
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top

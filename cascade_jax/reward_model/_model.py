@@ -44,13 +44,22 @@ class RewardModel(nnx.Module):
     self.head_d = nnx.Param(jax.random.normal(rngs.params(), (d,)) * d ** -0.5)
     self.bias = nnx.Param(jnp.zeros(()))
 
-  def __call__(self, tokens_bt: jax.Array, last_b: jax.Array) -> jax.Array:
-    """Scores [B] of right-padded sequences; last_b: index of each one's last token."""
+  def __call__(self, tokens_bt: jax.Array, last_b: jax.Array, *,
+               exact: bool = False, with_info: bool = False):
+    """Scores [B] of right-padded sequences; last_b: index of each one's last token.
+
+    `exact`: no MoE token dropped (`model.exact_dispatch`), so that a score
+    does not depend on the rest of the batch: how the RM scores rollouts
+    and held-out pairs. Training keeps the configured dispatch.
+    `with_info`: (scores, the backbone's info).
+    """
     valid = (jnp.arange(tokens_bt.shape[1])[None] <= last_b[:, None])
+    moe = model_lib.exact_dispatch(self.backbone.cfg) if exact else {}
     _, info = self.backbone(tokens_bt, segment_ids_bt=valid.astype(jnp.int32),
-                            return_hidden=True)
+                            return_hidden=True, **moe)
     h = jnp.take_along_axis(info['hidden'], last_b[:, None, None], 1)[:, 0]
-    return h.astype(jnp.float32) @ self.head_d[...] + self.bias[...]
+    s = h.astype(jnp.float32) @ self.head_d[...] + self.bias[...]
+    return (s, info) if with_info else s
 
 
 def encode_pairs(tok: data.Tokenizer, records: Sequence[dict],
@@ -88,7 +97,12 @@ def _train_step(state, batch, *, graph, opt):
 
 @functools.partial(jax.jit, static_argnames=('graph',))
 def _scores(graph, params, rest, tokens, last):
-  return nnx.merge(graph, params, rest)(tokens, last)
+  """Exact scores [B] (no dropped token) and the dropped fraction (0)."""
+  s, info = nnx.merge(graph, params, rest)(tokens, last, exact=True,
+                                           with_info=True)
+  dropped = (jnp.mean(info['router']['dropped']) if 'router' in info else
+             jnp.zeros((), jnp.float32))
+  return s, dropped
 
 
 def _pair_batch(tok, recs, seq_len, cross_prompt=False):
@@ -123,7 +137,7 @@ def accuracy(graph, state, tok, records, seq_len, batch_size=128) -> float:
     recs = list(records[i:i + batch_size])
     b = _pair_batch(tok, recs, seq_len)
     s = np.asarray(_scores(graph, state.params, state.rest, b['tokens'],
-                           b['last']))
+                           b['last'])[0])
     hits.extend((s[:len(recs)] > s[len(recs):]).tolist())
   return float(np.mean(hits))
 
@@ -201,11 +215,13 @@ class RewardFunction:
         model_lib.Transformer(mcfg, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(0)))
     self._graph, self._params, self._rest = train.restore_latest(rm, run_dir)
     self.seq_len = int(cfg['data']['seq_len'])
+    self.last_dropped = 0.0   # of the last call: 0 unless a path drops
 
   def __call__(self, records, responses) -> np.ndarray:
     t, last = encode_pairs(self.tok, records, responses, self.seq_len)
-    return np.asarray(_scores(self._graph, self._params, self._rest, t, last),
-                      np.float32)
+    s, dropped = _scores(self._graph, self._params, self._rest, t, last)
+    self.last_dropped = float(dropped)
+    return np.asarray(s, np.float32)
 
 
 def load(run_dir: str) -> RewardFunction:

@@ -2,6 +2,9 @@
 
 from cascade_jax.rl._batch import training_batch
 from cascade_jax.rl._learner import collect
+from cascade_jax.rl._learner import exact_moe
+from cascade_jax.rl._learner import overlong_penalty
+from cascade_jax.rl._learner import refill_size
 from cascade_jax.rl._learner import frozen_logprobs
 from cascade_jax.rl._learner import PromptStream
 from cascade_jax.rl._learner import RLConfig

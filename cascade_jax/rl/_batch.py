@@ -19,7 +19,9 @@ def training_batch(prompt_bp: np.ndarray, prompt_len_b: np.ndarray,
 
   Returns:
     inputs, positions, segment_ids: [B, P + N - 1] (the last token is never
-    an input); targets, mask, sampler_logp: [B, P + N - 1].
+    an input); targets, mask, sampler_logp: [B, P + N - 1]; and, when the
+    sampler recorded them, kept: [B, P + N - 1] the size of the top-k /
+    top-p set each response token was drawn from (elsewhere the vocabulary).
   """
   b, p = prompt_bp.shape
   toks = np.asarray(ro.tokens)
@@ -33,7 +35,13 @@ def training_batch(prompt_bp: np.ndarray, prompt_len_b: np.ndarray,
   mask[:, p - 1:] = mask_r                                   # response targets
   lp = np.zeros((b, p + n - 1), np.float32)
   lp[:, p - 1:] = np.asarray(ro.logprobs)
-  return dict(inputs=inputs.astype(np.int32), targets=targets.astype(np.int32),
-              positions=np.maximum(pos[:, :-1], 0).astype(np.int32),
-              segment_ids=valid[:, :-1].astype(np.int32), mask=mask,
-              sampler_logp=lp)
+  out = dict(inputs=inputs.astype(np.int32), targets=targets.astype(np.int32),
+             positions=np.maximum(pos[:, :-1], 0).astype(np.int32),
+             segment_ids=valid[:, :-1].astype(np.int32), mask=mask,
+             sampler_logp=lp)
+  if ro.kept is not None:
+    kept_r = np.asarray(ro.kept)
+    kept = np.full((b, p + n - 1), kept_r.max(initial=1), np.int32)
+    kept[:, p - 1:] = np.where(mask_r > 0, kept_r, kept.max(initial=1))
+    out['kept'] = kept
+  return out

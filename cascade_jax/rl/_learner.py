@@ -27,6 +27,7 @@ from flax import nnx
 from cascade_jax import data
 from cascade_jax import domains
 from cascade_jax import losses
+from cascade_jax import model as model_lib
 from cascade_jax import rollout
 from cascade_jax import train
 from cascade_jax.rl._batch import training_batch
@@ -38,7 +39,10 @@ class RLConfig:
   prompts_per_step: int = 16
   rollouts_per_prompt: int = 8
   temperature: float = 1.0
+  # The learner scores a token under the distribution it was drawn from:
+  # softmax(logits / temperature), renormalised over the top-k / top-p set.
   top_p: float = 1.0
+  top_k: int = 0
   max_new_tokens: int = 48
   kl_coef: float = 0.0
   clip_eps_low: float = 0.2
@@ -47,13 +51,22 @@ class RLConfig:
   advantage_scale: str = 'std'      # 'std' | 'none'
   dynamic_filtering: bool = True
   max_refill_rounds: int = 2
-  overlong: str = 'penalty'         # 'penalty' | 'filter' | 'none'
+  # A response cut at max_new_tokens: 'penalty' (a verifier's reward 0; a
+  # reward model's score replaced by the lowest of its group), 'filter'
+  # (out of the loss: no gradient), or 'none' (scored as it is).
+  overlong: str = 'penalty'
   routing_replay: bool = True
   mopd_reward_weight: float = 0.0
   # Cut the batch's empty response tail in buckets of this many tokens
   # (0: never). Each new width compiles the update once more: worth it for
   # long stages with a generous max_new_tokens, not for 30-step ones.
   trim_bucket: int = 0
+
+  @property
+  def sample_config(self) -> rollout.SampleConfig:
+    return rollout.SampleConfig(max_new_tokens=self.max_new_tokens,
+                                temperature=self.temperature,
+                                top_p=self.top_p, top_k=self.top_k)
 
   def __post_init__(self):
     if self.algorithm not in ('grpo', 'mopd'):
@@ -62,38 +75,93 @@ class RLConfig:
     if self.overlong not in ('penalty', 'filter', 'none'):
       raise ValueError(f'rl.overlong: {self.overlong!r} not in '
                        "('penalty', 'filter', 'none')")
+    if not self.temperature > 0:
+      raise ValueError(
+          f'rl.temperature must be > 0, got {self.temperature}: the learner '
+          'trains on sampled rollouts and scores them under softmax(logits / '
+          'temperature); greedy decoding (0) is for evaluation only')
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f'rl.top_p must be in (0, 1], got {self.top_p}')
+    if self.top_k < 0:
+      raise ValueError(f'rl.top_k must be >= 0 (0: off), got {self.top_k}')
     if self.rollouts_per_prompt < 2 and self.algorithm == 'grpo':
       raise ValueError('rl.rollouts_per_prompt must be >= 2 for GRPO '
                        '(advantages compare rollouts of one prompt)')
 
 
-def _forward_logp(params, rest, graph, batch, replay, temperature=1.0):
-  """Log-probs under softmax(logits / temperature): the policy the sampler
-  drew from (top-p is not applied: it only truncates the tail)."""
+def _forward_logp(params, rest, graph, batch, replay, sc: rollout.SampleConfig,
+                  moe: tuple = ()):
+  """Log-probs of the targets under the distribution the sampler drew from.
+
+  softmax(processed logits): temperature, then top-k / top-p as the sampler
+  applied them, so a token drawn from the kept set is scored renormalised
+  over that set (the set of the size the sampler recorded, `batch['kept']`,
+  else `rollout.process_logits` again). `moe`: (name, value) pairs of
+  `model.exact_dispatch`, so that no token is dropped.
+
+  Returns (logp [B, T], processed logits [B, T, V], info).
+  """
   model = nnx.merge(graph, params, rest)
   logits, info = model(batch['inputs'], positions_bt=batch['positions'],
                        segment_ids_bt=batch['segment_ids'],
-                       expert_idx=replay)
-  if temperature != 1.0:
-    logits = logits / temperature
+                       expert_idx=replay, **dict(moe))
+  if rollout.truncates(sc) and 'kept' in batch:
+    # The sampler's own kept-set sizes: the learner's logits differ from
+    # the sampler's by rounding, which can move a top-p boundary.
+    logits = rollout.keep_top_n(logits / sc.temperature, batch['kept'])
+  else:
+    logits = rollout.process_logits(logits, sc)
   return train.token_logprobs(logits, batch['targets']), logits, info
 
 
-def frozen_logprobs(graph, params, rest, batch, replay=None):
-  """Log-probs of a frozen model (reference or teacher) on a batch."""
-  logp, _, _ = _forward_logp(params, rest, graph, batch, replay)
-  return logp
+def dropped_fraction(info) -> jax.Array:
+  """The mean over MoE layers of the fraction of (token, choice) pairs dropped."""
+  if 'router' not in info:
+    return jnp.zeros((), jnp.float32)
+  return jnp.mean(info['router']['dropped'])
 
 
-@functools.partial(jax.jit, static_argnames=('graph', 'opt', 'cfg'),
+def frozen_logprobs(graph, params, rest, batch, replay=None, *,
+                    temperature: float = 1.0, moe: tuple = ()):
+  """A frozen model's (reference or teacher) log-probs [B, T] at the
+  student's sampling temperature, and its dropped fraction.
+
+  Top-k / top-p are the student's sampling choice, not the frozen model's
+  distribution: not applied (a teacher's log-prob of a token outside its
+  own nucleus would be -inf).
+  """
+  logp, _, info = _forward_logp(
+      params, rest, graph, batch, replay,
+      rollout.SampleConfig(temperature=temperature), moe)
+  return logp, dropped_fraction(info)
+
+
+def _moe_key(moe: dict) -> tuple:
+  return tuple(sorted(moe.items()))
+
+
+def exact_moe(model_cfg, batch) -> tuple:
+  """`update`'s / `frozen_logprobs`' static `moe` for a batch: no token dropped."""
+  replay = batch.get('expert_idx')
+  return _moe_key(model_lib.exact_dispatch(
+      model_cfg, None if replay is None else np.asarray(replay),
+      np.asarray(batch['segment_ids']) != 0))
+
+
+@functools.partial(jax.jit, static_argnames=('graph', 'opt', 'cfg', 'moe'),
                    donate_argnums=0)
-def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig):
-  """One optimizer step on a rollout batch; returns (state, metrics)."""
+def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig,
+           moe: tuple = ()):
+  """One optimizer step on a rollout batch; returns (state, metrics).
+
+  `moe`: from `exact_moe(model_cfg, batch)` (the default, (), keeps the
+  model's configured dispatch, which may drop tokens under `capacity`).
+  """
   replay = batch.get('expert_idx')
 
   def loss_fn(params):
     logp, logits, info = _forward_logp(params, state.rest, graph, batch,
-                                       replay, cfg.temperature)
+                                       replay, cfg.sample_config, moe)
     if cfg.algorithm == 'grpo':
       loss, m = losses.grpo_loss(
           logp, batch['advantages'], batch['mask'],
@@ -106,12 +174,15 @@ def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig):
           reward_advantages=batch.get('advantages'),
           reward_weight=cfg.mopd_reward_weight)
     mask = batch['mask'].astype(jnp.float32)
-    ent = jnp.sum(train.token_entropy(logits) * mask) / jnp.maximum(
-        mask.sum(), 1.0)
-    mismatch = jnp.sum(jnp.abs(logp - batch['sampler_logp']) * mask) / (
-        jnp.maximum(mask.sum(), 1.0))
-    return loss + info['aux_loss'], dict(m, entropy=ent,
-                                         sampler_mismatch=mismatch)
+    count = jnp.maximum(mask.sum(), 1.0)
+    ent = jnp.sum(train.token_entropy(logits) * mask) / count
+    # Learner vs sampler, per response token: 0 up to float rounding when
+    # the update is on-policy (same weights, routing, temperature, top-p).
+    gap = jnp.abs(logp - batch['sampler_logp']) * mask
+    return loss + info['aux_loss'], dict(
+        m, entropy=ent, sampler_mismatch=jnp.sum(gap) / count,
+        sampler_mismatch_max=jnp.max(gap),
+        dropped_learner=dropped_fraction(info))
 
   (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = opt.update(grads, state.opt_state, state.params)
@@ -122,11 +193,13 @@ def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig):
 
 @dataclasses.dataclass
 class PromptStream:
-  """Prompts in a seeded order, resumable from `position`."""
+  """Prompts in a seeded order (a new permutation each epoch), resumable from `position`."""
   records: Sequence[dict]
   seed: int = 0
   position: int = 0
   _width: int | None = dataclasses.field(default=None, repr=False)
+  _order: tuple[int, np.ndarray] | None = dataclasses.field(default=None,
+                                                           repr=False)
 
   def prompt_width(self, tok: data.Tokenizer) -> int:
     """Tokens in the longest prompt of the stream (computed once)."""
@@ -139,9 +212,10 @@ class PromptStream:
     out = []
     for _ in range(n):
       epoch, i = divmod(self.position, len(self.records))
-      order = np.random.RandomState(self.seed + epoch).permutation(
-          len(self.records))
-      out.append(self.records[order[i]])
+      if self._order is None or self._order[0] != epoch:  # once per epoch
+        self._order = (epoch, np.random.RandomState(self.seed + epoch)
+                       .permutation(len(self.records)))
+      out.append(self.records[self._order[1][i]])
       self.position += 1
     return out
 
@@ -156,26 +230,46 @@ def verifier_rewards(records, responses, sandbox=None) -> np.ndarray:
                     np.float32)
 
 
+def refill_size(missing: int, prompts_per_step: int) -> int:
+  """Prompts to sample in a refill round for `missing` groups.
+
+  The next power of two, at least a quarter of a step's prompts and at most
+  all of them: a refill samples little more than it needs, in at most three
+  sampler shapes besides the step's own (each compiles once).
+  """
+  floor = max(prompts_per_step // 4, 1)
+  return min(max(1 << (missing - 1).bit_length(), floor), prompts_per_step)
+
+
 def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
-            key: jax.Array, reward_fn: RewardFn = verifier_rewards):
+            key: jax.Array, reward_fn: RewardFn = verifier_rewards, *,
+            bounded_rewards: bool = True):
   """Rollouts for one step, after dynamic filtering and refills.
 
   Prompts are left-padded to `stream.prompt_width` (the stream's longest
-  prompt), so every step has the same shapes and nothing recompiles.
+  prompt), so every step has the same shapes and nothing recompiles. The
+  first round samples `prompts_per_step` prompts; a refill round only what
+  is still missing (`refill_size`), and every kept group is sampled by the
+  current policy (strictly on-policy: no group is kept for a later step).
+  `bounded_rewards`: rewards are a verifier's (0 is the worst); False for a
+  reward model's scores (see RLConfig.overlong).
 
   Returns (batch dict of numpy arrays, rewards [B], records [B], stats).
   """
   g = cfg.rollouts_per_prompt
-  sc = rollout.SampleConfig(max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.temperature, top_p=cfg.top_p)
+  sc = cfg.sample_config
   kept, stats = [], dict(groups=0, filtered_groups=0, truncated=0.0,
-                         sample_s=0.0, score_s=0.0, rewards=[])
+                         sample_s=0.0, score_s=0.0, rewards=[],
+                         sampled_prompts=0)
   for round_ in range(1 + (cfg.max_refill_rounds if cfg.dynamic_filtering
                            else 0)):
-    if len(kept) >= cfg.prompts_per_step:
+    missing = cfg.prompts_per_step - len(kept)
+    if missing <= 0:
       break
-    # Always a full batch of prompts: one sampler shape, one compile.
-    recs = [r for r in stream.take(cfg.prompts_per_step) for _ in range(g)]
+    n_prompts = (cfg.prompts_per_step if round_ == 0 else
+                 refill_size(missing, cfg.prompts_per_step))
+    recs = [r for r in stream.take(n_prompts) for _ in range(g)]
+    stats['sampled_prompts'] += n_prompts
     prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
     key, sub = jax.random.split(key)
     t0 = time.perf_counter()
@@ -197,7 +291,7 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     trunc = np.asarray(ro.truncated)
     stats['truncated'] += float(trunc.sum())
     if cfg.overlong == 'penalty':
-      rewards = np.where(trunc, 0.0, rewards)
+      rewards = overlong_penalty(rewards, trunc, g, bounded=bounded_rewards)
     batch = training_batch(ptoks, plens, ro)
     if cfg.overlong == 'filter':
       batch['mask'] = batch['mask'] * (~trunc)[:, None]
@@ -217,14 +311,11 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   kept = kept[:cfg.prompts_per_step]
   stats['kept_groups'] = len(kept)
   # A constant batch shape for the update: missing groups are copies with
-  # an empty mask (they add nothing to the loss), and refill rounds that
-  # bucketed their prompts to other lengths are left-padded to the longest.
+  # an empty mask (they add nothing to the loss).
   while len(kept) < cfg.prompts_per_step:
     b, r, rc = kept[len(kept) % stats['kept_groups']]
     kept.append((dict(b, mask=np.zeros_like(b['mask'])), np.zeros_like(r),
                  rc))
-  width = max(b['inputs'].shape[1] for b, _, _ in kept)
-  kept = [(_left_pad(b, width), r, rc) for b, r, rc in kept]
   out = {k: np.concatenate([b[k] for b, _, _ in kept],
                            axis=1 if k == 'expert_idx' else 0)
          for k in kept[0][0]}
@@ -232,6 +323,20 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     out = trim_right(out, cfg.trim_bucket)
   return out, np.concatenate([k[1] for k in kept]), [r for k in kept
                                                       for r in k[2]], stats
+
+
+def overlong_penalty(rewards, truncated, group_size: int, *,
+                     bounded: bool = True) -> np.ndarray:
+  """A cut response's reward: 0 for a verifier's rewards, else its group's lowest.
+
+  A reward model's scale has no "worst" value (0 may be a good score), so
+  there a cut response ranks last in its group instead.
+  """
+  rewards = np.asarray(rewards, np.float32)
+  if bounded:
+    return np.where(truncated, 0.0, rewards).astype(np.float32)
+  low = rewards.reshape(-1, group_size).min(axis=1).repeat(group_size)
+  return np.where(truncated, low, rewards).astype(np.float32)
 
 
 def trim_right(batch: dict, bucket: int = 16) -> dict:
@@ -250,15 +355,3 @@ def trim_right(batch: dict, bucket: int = 16) -> dict:
     return batch
   return {k: v[:, :, :keep] if k == 'expert_idx' else
           (v[:, :keep] if v.ndim == 2 else v) for k, v in batch.items()}
-
-
-def _left_pad(batch: dict, width: int) -> dict:
-  """Pads every [B, T] array (and expert_idx [L, B, T, k]) on the left to width."""
-  out = {}
-  for k, v in batch.items():
-    axis = 2 if k == 'expert_idx' else 1
-    extra = width - v.shape[axis]
-    pad = [(0, 0)] * v.ndim
-    pad[axis] = (extra, 0)
-    out[k] = np.pad(v, pad) if extra else v
-  return out

@@ -30,6 +30,7 @@ from cascade_jax import reward_model
 from cascade_jax import rollout
 from cascade_jax import train
 from cascade_jax.rl._learner import collect
+from cascade_jax.rl._learner import exact_moe
 from cascade_jax.rl._learner import frozen_logprobs
 from cascade_jax.rl._learner import PromptStream
 from cascade_jax.rl._learner import RLConfig
@@ -50,25 +51,44 @@ def load_teachers(teachers: dict[str, str]) -> dict[str, tuple]:
   return out
 
 
-def _teacher_logp(teachers, batch, recs):
-  """Each example scored by its own domain's teacher (no mixing)."""
+def _teacher_logp(teachers, batch, recs, *, temperature: float = 1.0):
+  """Each example scored by its own domain's teacher (no mixing), and no other.
+
+  A teacher runs on its domain's rows alone, padded (with copies of its
+  first row) to the next power of two: a few shapes, one compile each, and
+  no teacher scores another domain's rows. Returns (log-probs [B, T], the
+  largest dropped fraction of any teacher's forward).
+  """
   doms = np.asarray([r['domain'] for r in recs])
-  missing = sorted(set(doms) - set(teachers))
+  missing = sorted({str(d) for d in doms} - set(teachers))
   if missing:
     raise ValueError(f'MOPD: no teacher for domains {missing}; teachers: '
                      f'{sorted(teachers)}')
   out = np.zeros(batch['targets'].shape, np.float32)
-  inputs = {k: jnp.asarray(batch[k]) for k in ('inputs', 'targets',
-                                               'positions', 'segment_ids')}
+  dropped = 0.0
   for dom, (graph, params, rest) in teachers.items():
-    rows = doms == dom
-    if rows.any():
-      lp = _frozen(graph, params, rest, inputs)
-      out[rows] = np.asarray(lp)[rows]
-  return out
+    rows = np.flatnonzero(doms == dom)
+    if not rows.size:
+      continue
+    size = min(1 << (rows.size - 1).bit_length(), len(doms))
+    take = np.concatenate([rows, np.full(size - rows.size, rows[0])])
+    sub = {k: jnp.asarray(batch[k][take]) for k in _FORWARD_KEYS}
+    moe = exact_moe(graph_config(graph, params, rest), sub)
+    lp, dr = _frozen(graph, params, rest, sub, temperature=temperature,
+                     moe=moe)
+    out[rows] = np.asarray(lp)[:rows.size]
+    dropped = max(dropped, float(dr))
+  return out, dropped
 
 
-_frozen = jax.jit(frozen_logprobs, static_argnames=('graph',))
+_FORWARD_KEYS = ('inputs', 'targets', 'positions', 'segment_ids')
+_frozen = jax.jit(frozen_logprobs, static_argnames=('graph', 'temperature',
+                                                    'moe'))
+
+
+def graph_config(graph, params, rest):
+  """The model config of a split model."""
+  return nnx.merge(graph, params, rest).cfg
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -101,10 +121,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   evals = {d: domains.generate(d, split='eval', n=config.eval_n,
                                seed=config.seed, **gen)
            for d in doms} if config.eval_n else {}
-  reward_fn = verifier_rewards
+  reward_fn = reward_rm = None
   if config.get('reward_model'):
-    reward_fn = reward_model.load(config.reward_model)
+    reward_fn = reward_rm = reward_model.load(config.reward_model)
     print(f'[rl] rewards from the reward model at {config.reward_model}')
+  reward_fn = reward_fn or verifier_rewards
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                  max_to_keep=config.keep_checkpoints)
@@ -113,8 +134,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if extra is not None:
     stream.position = int(extra['prompt_position'])
     print(f'[rl] resumed from step {start}')
-  writer = metrics_lib.MetricsWriter(workdir, name='rl')
-  _evaluate(graph, state, tok, evals, writer, start)
+  # Rows past the checkpoint were written by the run that was killed: the
+  # steps after it run again and write them anew.
+  writer = metrics_lib.MetricsWriter(
+      workdir, name='rl', keep=lambda row: _written_before(row, start,
+                                                           config.steps))
+  if start == 0:
+    _evaluate(graph, state, tok, evals, writer, 0)
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
   key0 = jax.random.key(config.seed)
@@ -123,23 +149,29 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     policy = nnx.merge(graph, state.params, state.rest)
     batch, rewards, recs, st = collect(policy, tok, stream, rc,
                                        jax.random.fold_in(key0, step),
-                                       reward_fn=reward_fn)
+                                       reward_fn=reward_fn,
+                                       bounded_rewards=reward_rm is None)
     m = dict(reward_mean=float(np.mean(st['rewards'])),
              reward_std=float(np.std(st['rewards'])),
              pass_rate=float(np.mean(np.asarray(st['rewards']) >= 1.0)),
              filtered_groups=st['filtered_groups'],
              truncation_rate=st['truncated'] / max(len(st['rewards']), 1),
+             sampled_prompts=st['sampled_prompts'],
              sample_s=st['sample_s'], score_s=st['score_s'])
+    if reward_rm is not None:
+      m['dropped_reward_model'] = reward_rm.last_dropped
     if batch is not None:
       batch['advantages'] = np.asarray(losses.group_advantages(
           jnp.asarray(rewards), rc.rollouts_per_prompt,
           scale=rc.advantage_scale))
       if teachers:
-        batch['teacher_logp'] = _teacher_logp(teachers, batch, recs)
+        batch['teacher_logp'], m['dropped_teacher'] = _teacher_logp(
+            teachers, batch, recs, temperature=rc.temperature)
       if ref is not None:
-        batch['ref_logp'] = np.asarray(_frozen(ref[0], ref[1], ref[2], {
-            k: jnp.asarray(batch[k]) for k in ('inputs', 'targets',
-                                               'positions', 'segment_ids')}))
+        fwd = {k: jnp.asarray(batch[k]) for k in _FORWARD_KEYS}
+        lp, dr = _frozen(*ref, fwd, temperature=rc.temperature,
+                         moe=exact_moe(graph_config(*ref), fwd))
+        batch['ref_logp'], m['dropped_reference'] = np.asarray(lp), float(dr)
       t1 = time.perf_counter()
       state, um = update_minibatches(state, batch, graph=graph, opt=opt, cfg=rc)
       m.update(um, train_s=time.perf_counter() - t1,
@@ -182,13 +214,29 @@ def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig):
   if n > 1:
     batch = dict(batch, old_logp=batch['sampler_logp'])
   size, ms = rows // n, []
+  model_cfg = graph_config(graph, state.params, state.rest)
   for i in range(n):
     sl = slice(i * size, (i + 1) * size)
     mb = {k: v[:, sl] if k == 'expert_idx' else v[sl] for k, v in batch.items()}
     state, um = update(state, jax.tree.map(jnp.asarray, mb), graph=graph,
-                       opt=opt, cfg=cfg)
+                       opt=opt, cfg=cfg, moe=exact_moe(model_cfg, mb))
     ms.append(jax.device_get(um))
-  return state, {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
+  # Worst cases are maxima over the minibatches, the rest means.
+  return state, {k: float(np.max([m[k] for m in ms]) if k.endswith('_max')
+                          or k.startswith('dropped') else
+                          np.mean([m[k] for m in ms])) for k in ms[0]}
+
+
+def _written_before(row: dict, start: int, steps: int) -> bool:
+  """Whether a metrics row belongs to the run up to checkpoint `start`.
+
+  Rows of later steps are written again when the run resumes, and so are
+  evaluations at `start` itself when it is 0 (the first) or `steps` (the
+  final one); a mid-run evaluation at `start` came before its checkpoint.
+  """
+  if row['step'] != start:
+    return row['step'] < start
+  return 0 < start < steps or not any(k.startswith('eval/') for k in row)
 
 
 def _evaluate(graph, state, tok, evals, writer, step):

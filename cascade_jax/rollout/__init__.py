@@ -2,11 +2,13 @@
 
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import generate_padded
+from cascade_jax.rollout._sampler import keep_top_n
 from cascade_jax.rollout._sampler import pad_prompts
 from cascade_jax.rollout._sampler import process_logits
 from cascade_jax.rollout._sampler import Rollout
 from cascade_jax.rollout._sampler import SampleConfig
 from cascade_jax.rollout._sampler import trace_count
+from cascade_jax.rollout._sampler import truncates
 from cascade_jax.rollout._evaluate import evaluate_and_log
 from cascade_jax.rollout._evaluate import evaluate_model
 from cascade_jax.rollout._evaluate import max_new_tokens_for

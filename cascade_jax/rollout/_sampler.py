@@ -50,16 +50,28 @@ class Rollout:
   mask: jax.Array          # [B, N] 1 for response tokens (stop token included)
   truncated: jax.Array     # [B] bool: hit max_new_tokens without stopping
   expert_idx: jax.Array | None  # [L_moe, B, N, k] experts chosen per token
+  # [B, N] int32: how many tokens the top-k / top-p set kept at each step
+  # (the vocabulary size when neither is on), so that the learner can score
+  # a token over the very set it was drawn from (see `keep_top_n`).
+  kept: jax.Array | None = None
 
 
 def process_logits(logits, cfg: SampleConfig):
-  """Temperature, top-k and top-p applied to [B, V] logits (fp32)."""
+  """Temperature, top-k and top-p applied to logits [..., V] (fp32).
+
+  Tokens outside the kept set get -1e30: a log-softmax of the result is the
+  distribution the sampler draws from, renormalised over the kept set (the
+  learner scores its tokens with this same function).
+  """
+  if cfg.temperature <= 0:
+    raise ValueError(f'process_logits: temperature must be > 0, got '
+                     f'{cfg.temperature} (0 means greedy: no distribution)')
   logits = logits.astype(jnp.float32) / cfg.temperature
   if cfg.top_k:
-    kth = jax.lax.top_k(logits, cfg.top_k)[0][:, -1:]
+    kth = jax.lax.top_k(logits, cfg.top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, _NEG, logits)
   if cfg.top_p < 1.0:
-    sorted_l = jnp.sort(logits, axis=-1)[:, ::-1]
+    sorted_l = jnp.sort(logits, axis=-1)[..., ::-1]
     cum = jnp.cumsum(jax.nn.softmax(sorted_l, axis=-1), axis=-1)
     # Keep the smallest set whose mass reaches top_p (the first always).
     cutoff_idx = jnp.sum(cum < cfg.top_p, axis=-1, keepdims=True)
@@ -83,15 +95,42 @@ def _argmax(x_bv):
   return jnp.min(jnp.where(x_bv == top, idx, x_bv.shape[-1]), axis=-1)
 
 
+def truncates(cfg: SampleConfig) -> bool:
+  """Whether sampling keeps only part of the vocabulary (top-k or top-p)."""
+  return bool(cfg.top_k) or cfg.top_p < 1.0
+
+
+def keep_top_n(logits, n):
+  """Logits [..., V] with all but the `n` [...] largest set to -1e30.
+
+  Ties with the n-th largest are kept, as `process_logits` keeps them. The
+  learner uses it with the sampler's recorded `kept` counts: its own logits
+  differ from the sampler's by float rounding, which can move a top-p
+  boundary computed again from the cumulative mass (measured on the main
+  job's model at top_p 0.95: a 2e-3 log-prob gap on one token of 1,000, 3e-6
+  with the counts), but reorders two tokens only when their logits are
+  equal to rounding.
+  """
+  v = logits.shape[-1]
+  n = jnp.clip(n, 1, v)
+  desc = -jnp.sort(-logits, axis=-1)
+  nth = jnp.take_along_axis(desc, (n - 1)[..., None], axis=-1)
+  return jnp.where(logits < nth, _NEG, logits)
+
+
 def _select(logits, key, cfg: SampleConfig):
-  """Next token and its log-prob under the sampling distribution."""
+  """Next token, its log-prob under the sampling distribution, and the kept-set size."""
+  v = logits.shape[-1]
   if cfg.temperature == 0.0:
     tok = _argmax(logits)
-    return tok, jnp.zeros(tok.shape, jnp.float32)
-  logp = jax.nn.log_softmax(process_logits(logits, cfg), axis=-1)
+    return tok, jnp.zeros(tok.shape, jnp.float32), jnp.full(tok.shape, v)
+  processed = process_logits(logits, cfg)
+  logp = jax.nn.log_softmax(processed, axis=-1)
+  kept = (jnp.sum(processed > _NEG / 2, axis=-1, dtype=jnp.int32)
+          if truncates(cfg) else jnp.full(logits.shape[:-1], v, jnp.int32))
   # Gumbel-max: the same draw as jax.random.categorical(key, logp).
   tok = _argmax(jax.random.gumbel(key, logp.shape, logp.dtype) + logp)
-  return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
+  return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], kept
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_id',
@@ -124,14 +163,15 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     rope_all = model_lib.rope_tables(prompt_len_b[:, None] + jnp.arange(n),
                                      model.cfg.head_dim, model.cfg.rope_theta)
 
-  def choose(t, logits, key, toks, lps, done):
+  def choose(t, logits, key, toks, lps, kept, done):
     """Samples token t of every row from its logits (pad once a row is done)."""
     key, sub = jax.random.split(key)
-    tok, lp = _select(logits, sub, cfg)
+    tok, lp, n_kept = _select(logits, sub, cfg)
     tok = jnp.where(done, pad_id, tok)
     toks = toks.at[:, t].set(tok)
     lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
-    return tok, key, toks, lps, done | (tok == stop_id)
+    kept = kept.at[:, t].set(n_kept)
+    return tok, key, toks, lps, kept, done | (tok == stop_id)
 
   def cond(c):
     t, *_, done = c
@@ -140,7 +180,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   def body(c):
     # Feeds token t - 1, then samples token t: the last token sampled is
     # never fed (a final model step would compute logits nobody reads).
-    t, tok, cache, key, toks, lps, experts, done = c
+    t, tok, cache, key, toks, lps, kept, experts, done = c
     rope_t = (tuple(jax.lax.dynamic_slice_in_dim(x, t - 1, 1, axis=1)
                     for x in rope_all) if model.cfg.use_rope else None)
     logits, info = model(tok[:, None],
@@ -153,15 +193,17 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
       # The experts that consumed token t - 1: the training forward pass
       # over the sampled sequence routes that token with these.
       experts = experts.at[:, :, t - 1].set(info['expert_idx'][:, :, 0])
-    tok, key, toks, lps, done = choose(t, logits[:, -1], key, toks, lps, done)
-    return (t + 1, tok, info['cache'], key, toks, lps, experts, done)
+    tok, key, toks, lps, kept, done = choose(t, logits[:, -1], key, toks, lps,
+                                             kept, done)
+    return (t + 1, tok, info['cache'], key, toks, lps, kept, experts, done)
 
-  tok, key, toks, lps, done = choose(
+  tok, key, toks, lps, kept, done = choose(
       0, logits[:, -1], key, jnp.full((b, n), pad_id, jnp.int32),
-      jnp.zeros((b, n), jnp.float32), jnp.zeros((b,), bool))
-  init = (jnp.ones((), jnp.int32), tok, info['cache'], key, toks, lps,
+      jnp.zeros((b, n), jnp.float32),
+      jnp.full((b, n), model.cfg.vocab_size, jnp.int32), jnp.zeros((b,), bool))
+  init = (jnp.ones((), jnp.int32), tok, info['cache'], key, toks, lps, kept,
           experts0, done)
-  t, _, cache, _, toks, lps, experts, done = jax.lax.while_loop(
+  t, _, cache, _, toks, lps, kept, experts, done = jax.lax.while_loop(
       cond, body, init)
   steps = jnp.arange(n)[None, :]
   stop_at = jnp.argmax(toks == stop_id, axis=1)
@@ -170,7 +212,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   mask = (steps < length[:, None]).astype(jnp.int32)
   prompt_experts = info.get('expert_idx') if record_experts and n_moe else None
   return Rollout(tokens=toks, logprobs=lps * mask, mask=mask,
-                 truncated=~has_stop,
+                 truncated=~has_stop, kept=kept,
                  expert_idx=(jnp.concatenate([prompt_experts, experts], 2)
                              if prompt_experts is not None else None)), cache
 
