@@ -34,6 +34,25 @@ DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
 # SFT 0.52 -> 0.74 (0.67 at 0.03). --config.stages.rlhf.rl.kl_coef=0.03
 # restores the paper's value.
 RLHF_KL = 0.1
+# A response cut at max_new_tokens, per stage (RLConfig.overlong). The
+# recipe filters (masks out of the loss) for multi-domain, long-context and
+# code RL: a cut answer there says nothing about the answer the model would
+# have finished. RECIPE.md is silent on the others; chosen here:
+# - IF-RL: penalty. Its constraints are about the whole response (length,
+#   closing phrase): a cut response does not follow them, so 0 is its true
+#   reward, and the penalty teaches the model to finish.
+# - RLHF (both): penalty, which for a reward model's scores means the lowest
+#   score of the response's group (0 means nothing on an RM's scale): an
+#   unfinished reply is never preferred to a finished one.
+# - SWE: penalty: a cut patch does not apply, so it fails anyway; the
+#   penalty only says so without running it.
+# - MOPD: none: its signal is the teacher's per-token log-prob, which is as
+#   valid on the first 48 tokens of a cut response as on a finished one (no
+#   outcome reward unless mopd_reward_weight > 0).
+OVERLONG = {'rlhf_branch': 'penalty', 'if_rl': 'penalty',
+            'multi_domain_rl': 'filter', 'rlhf': 'penalty',
+            'long_context_rl': 'filter', 'code_rl': 'filter',
+            'swe_rl': 'penalty', 'mopd': 'none'}
 # RL stage -> (domain(s), levels, generator options, steps, lr, extra rl).
 # max_new_tokens is 48 unless a stage's answers are short (the learner's
 # sequences are prompt + budget long).
@@ -82,6 +101,7 @@ def _rl(name, quick):
       domain=dom, n_train=2048, levels=levels, **options))
   c.rl.prompts_per_step, c.rl.rollouts_per_prompt = 8, 8
   c.rl.max_new_tokens = 48
+  c.rl.overlong = OVERLONG[name]
   for k, v in extra.items():
     c.rl[k] = v
   c.optim.lr = lr
@@ -135,6 +155,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   m.teachers = ml_collections.ConfigDict(MOPD_TEACHERS)
   m.rl.prompts_per_step, m.rl.rollouts_per_prompt = 16, 4
   m.rl.max_new_tokens = 48
+  m.rl.overlong = OVERLONG['mopd']
   m.optim.lr, m.optim.warmup_steps = 2e-4, 2
   m.steps, m.checkpoint_every, m.keep_checkpoints, m.log_every = 12, 6, 1, 4
   if quick:

@@ -74,18 +74,40 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   for r in records:
     assert os.path.exists(tmp_path / r['name'] / 'stage.json')
     assert json.load(open(tmp_path / r['name'] / 'config.json'))
-  assert 0.0 <= records[1]['accuracy'] <= 1.0                  # the RM
+  rm_acc = records[1]['accuracy']
+  assert rm_acc == json.load(open(tmp_path / 'rm' / 'rm_scores.json'))[
+      'accuracy']
   # The RM as a reward function (the RLHF stages' reward) is the trained RM:
-  # it ranks the held-out pairs exactly as the RM stage's evaluation did
-  # (scored in the same batch: capacity dispatch makes scores batch-dependent).
+  # it ranks the held-out pairs exactly as the RM stage's evaluation did,
+  # and a response's score does not depend on what else is in the batch
+  # (no token dropped): chosen and rejected scored in separate calls.
   rm_cfg = json.load(open(tmp_path / 'rm' / 'config.json'))
   held = domains.generate('preference', split='eval', n=rm_cfg['eval_n'],
                           seed=rm_cfg['seed'],
                           levels=tuple(rm_cfg['data']['levels']))
-  s = reward_model.load(str(tmp_path / 'rm'))(
-      held + held, [r['chosen'] for r in held] + [r['rejected'] for r in held])
-  n = len(held)
-  assert float(np.mean(s[:n] > s[n:])) == pytest.approx(records[1]['accuracy'])
+  rm_fn = reward_model.load(str(tmp_path / 'rm'))
+  chosen = rm_fn(held, [r['chosen'] for r in held])
+  rejected = rm_fn(held, [r['rejected'] for r in held])
+  assert float(np.mean(chosen > rejected)) == pytest.approx(rm_acc, abs=1e-9)
+  together = rm_fn(held + held, [r['chosen'] for r in held] +
+                   [r['rejected'] for r in held])
+  np.testing.assert_allclose(together, np.concatenate([chosen, rejected]),
+                             atol=1e-5)
+  assert rm_fn(held[:1], [held[0]['chosen']])[0] == pytest.approx(
+      chosen[0], abs=1e-5)
+  # Every RL stage was on-policy at every step: the learner's log-probs are
+  # the sampler's, and no scoring forward dropped a token.
+  for name in ('rlhf_branch', 'if_rl', 'mopd'):
+    rows = [json.loads(l) for l in open(tmp_path / name / 'rl_metrics.jsonl')]
+    steps = [r for r in rows if 'sampler_mismatch_max' in r]
+    assert len(steps) == 2
+    for r in steps:
+      assert r['sampler_mismatch_max'] <= 1e-5, (name, r)
+      for k in ('dropped_learner', 'dropped_reference', 'dropped_teacher',
+                'dropped_reward_model'):
+        assert r.get(k, 0.0) == 0.0, (name, k, r)
+    assert ('dropped_reference' in steps[0]) == (name == 'rlhf_branch')
+    assert ('dropped_teacher' in steps[0]) == (name == 'mopd')
   assert set(records[0]['scores']) == {
       'code', 'instruction_following', 'long_context', 'math',
       'multi_domain', 'preference', 'swe'}
@@ -106,7 +128,15 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   d = np.asarray(data['deltas'], float)
   pr = np.asarray(data['pass_rate'], float)
   np.testing.assert_allclose(d[2], pr[2] - pr[0])   # if_rl against sft
-  assert 'if_rl' in out['table']
+  assert 'if_rl' in out['table'] and 'mismatch max' in out['table']
+  assert set(data['on_policy']) == {'rlhf_branch', 'if_rl', 'mopd'}
+  for name, check in data['on_policy'].items():
+    rows = [json.loads(l) for l in open(tmp_path / name / 'rl_metrics.jsonl')]
+    assert check['sampler_mismatch_max'] == max(
+        r['sampler_mismatch_max'] for r in rows if 'sampler_mismatch_max' in r)
+    line = next(l for l in out['table'].splitlines()
+                if l.split()[0] == name)
+    assert line.split()[-1] == f"{check['sampler_mismatch_max']:.1e}"
 
 
 def test_a_killed_stage_resumes(tmp_path):
@@ -126,10 +156,21 @@ def test_a_killed_stage_resumes(tmp_path):
   rows = cascade.rerun_stage(c, str(tmp_path), 'if_rl', str(tmp_path / 'again'))
   assert rows[0]['domain'] == 'instruction_following' and rows[0]['own']
   assert len(rows) == 7 and not any(r['own'] for r in rows[1:])
+  after = cascade.score_stage(
+      str(tmp_path / 'again'), cascade.eval_sets(c),
+      temperature=c.eval_temperature, samples=c.eval_samples, seed=c.seed)
   for r in rows:   # the start's scores are the ones the cascade recorded
-    assert r['before'] == records[0]['scores'][r['domain']]['pass_rate']
+    before = records[0]['scores'][r['domain']]
+    assert r['before'] == before['pass_rate']
+    assert r['after'] == after[r['domain']]['pass_rate']
     assert abs(r['change'] - (r['after'] - r['before'])) < 1e-9
-    assert r['se'] >= 0 or np.isnan(r['se'])
+    # The paired standard error by hand: the sample standard deviation of
+    # the per-prompt changes over sqrt(prompts).
+    diffs = [after[r['domain']]['prompt_pass'][k] - v
+             for k, v in before['prompt_pass'].items()]
+    want = np.std(diffs, ddof=1) / np.sqrt(len(diffs))
+    assert len(diffs) == c.eval_n
+    np.testing.assert_allclose(r['se'], want, rtol=1e-9, atol=1e-12)
   assert json.load(open(tmp_path / 'again' / 'config.json'))['optim']['lr'] == 1e-3
   with pytest.raises(ValueError, match='only RL stages'):
     cascade.rerun_stage(c, str(tmp_path), 'sft', str(tmp_path / 'x'))

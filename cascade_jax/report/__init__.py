@@ -6,4 +6,5 @@ from cascade_jax.report._plots import read_metrics
 from cascade_jax.report._cascade import cascade_report
 from cascade_jax.report._cascade import deltas
 from cascade_jax.report._cascade import matrix
+from cascade_jax.report._cascade import on_policy_check
 from cascade_jax.report._cascade import cascade_sweep_report

@@ -65,24 +65,28 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
               os.path.join(out_dir, 'deltas.png'), diverging=True,
               fmt='{:+.2f}',
               title='Change against the stage each one started from')
-  series = {}
+  series, on_policy = {}, {}
   for r in records:
     path = os.path.join(workdir, r['name'], 'rl_metrics.jsonl')
     if r['kind'] in ('grpo', 'mopd') and os.path.exists(path):
       label = r['name'] + (' (reward model)' if r.get('reward_model') else '')
       series[label] = read_metrics(path, 'reward_mean')
+      on_policy[r['name']] = on_policy_check(path)
   plot_curves(series, os.path.join(out_dir, 'curves.png'),
               title='Sampled reward per RL stage (verifier or reward model)',
               ylabel='mean reward')
 
-  header = ['stage', 'kind', 'from'] + cols + ['train s', 'eval s']
+  header = ['stage', 'kind', 'from'] + cols + ['train s', 'eval s',
+                                               'mismatch max']
   rows = []
   for n, v in zip(names, vals):
     r = by_name[n]
     own = set(r.get('domains', []))
     cells = [f"{x:.3f}{'*' if d in own else ''}" for d, x in zip(doms, v)]
+    worst = on_policy.get(n, {}).get('sampler_mismatch_max')
     rows.append([n, r['kind'], r['init_from'] or '-'] + cells +
-                [round(r['train_s']), round(r['eval_s'])])
+                [round(r['train_s']), round(r['eval_s']),
+                 '-' if worst is None else f'{worst:.1e}'])
   table = utils.format_table(header, rows)
   own_gains = {n: {d: float(dv[doms.index(d)]) for d in by_name[n]['domains']
                    if d in doms}
@@ -93,6 +97,7 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
   data = dict(stages=list(records), domains=doms, matrix_stages=names,
               metric=metric, pass_rate=vals.tolist(), deltas=dvals.tolist(),
               own_domain_change=own_gains, total_s=total,
+              on_policy=on_policy,
               reward_model={r['name']: dict(accuracy=r.get('accuracy'),
                                             accuracy_before=r.get(
                                                 'accuracy_before'))
@@ -104,7 +109,10 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
         f'{len(records)} stages, {total:.0f}s of stage time. {metric} '
         'on every domain\'s eval split after each stage; * marks the '
         "stage's own domains.", '', '```', table, '```', '',
-        '![pass rates](matrix.png)', '', '## What each stage changed', '',
+        '![pass rates](matrix.png)', '',
+        '`mismatch max`: the largest |log pi_learner - log pi_sampler| over '
+        'the response tokens of any step of an RL stage (on-policy: float '
+        'rounding only).', '', '## What each stage changed', '',
         'Against the stage it started from (its `from`):', '',
         '![changes](deltas.png)', '']
   md.append('Own-domain changes, against two standard errors of the '
@@ -128,6 +136,24 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
   with open(mpath, 'w') as f:
     f.write('\n'.join(md))
   return dict(markdown=mpath, json=jpath, table=table)
+
+
+def on_policy_check(path: str) -> dict[str, float]:
+  """An RL stage's worst step: learner-vs-sampler log-prob gap and dropped tokens.
+
+  Maxima over the steps of `rl_metrics.jsonl`: `sampler_mismatch_max`, the
+  mean gap's worst step, and the largest dropped-token fraction of each
+  forward kind (learner, reference, teacher, reward model); NaN when a stage
+  logged none.
+  """
+  keys = ('sampler_mismatch_max', 'sampler_mismatch', 'dropped_learner',
+          'dropped_reference', 'dropped_teacher', 'dropped_reward_model')
+  out = {}
+  for k in keys:
+    _, vals = read_metrics(path, k)
+    if vals or k.startswith('sampler'):
+      out[k] = float(max(vals)) if vals else float('nan')
+  return out
 
 
 def metric_label(records: Sequence[dict]) -> str:

@@ -18,8 +18,8 @@ Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
 def read_metrics(path: str, key: str) -> tuple[list[int], list[float]]:
   """(steps, values) of one key from a metrics JSONL file, in step order.
 
-  A resumed run appends rows for steps it had already logged before the
-  kill; the last row of each step wins.
+  A resumed RL stage rewrites the rows after its checkpoint; for files of
+  other runs that appended them again, the last row of each step wins.
   """
   by_step = {}
   with open(path) as f:
