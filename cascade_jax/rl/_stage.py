@@ -179,6 +179,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # else: every group was filtered, nothing to learn from this step.
     m['step_s'] = time.perf_counter() - t0
     writer.write(step + 1, m)
+    dropped = {k: v for k, v in m.items() if k.startswith('dropped') and v}
+    if dropped:   # exact dispatch drops nothing: a drop here is a bug, shown
+      print(f'[rl] warning: step {step + 1}: scoring forwards dropped tokens '
+            f'({dropped}): not on-policy', flush=True)
     if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
       progress.update(step + 1, {k: m[k] for k in ('reward_mean', 'pass_rate')
                                  if k in m})
@@ -203,7 +207,8 @@ def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig):
   With one update (the recipe's default) this is strictly on-policy. With
   more, every minibatch after the first is scored by a policy that has moved
   since sampling: the sampler's log-probs are the old log-probs that the
-  clipped ratio is taken against. Returns (state, metrics averaged).
+  clipped ratio is taken against. Returns (state, metrics): means over the
+  minibatches; worst cases (`*_max`, dropped fractions, capacity) maxima.
   """
   n = cfg.updates_per_batch
   rows = batch['mask'].shape[0]
@@ -218,12 +223,16 @@ def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig):
   for i in range(n):
     sl = slice(i * size, (i + 1) * size)
     mb = {k: v[:, sl] if k == 'expert_idx' else v[sl] for k, v in batch.items()}
+    moe = exact_moe(model_cfg, mb)
     state, um = update(state, jax.tree.map(jnp.asarray, mb), graph=graph,
-                       opt=opt, cfg=cfg, moe=exact_moe(model_cfg, mb))
-    ms.append(jax.device_get(um))
+                       opt=opt, cfg=cfg, moe=moe)
+    # The replayed routing's capacity: each new value compiles the update.
+    ms.append(dict(jax.device_get(um),
+                   moe_capacity=dict(moe).get('moe_capacity', 0)))
   # Worst cases are maxima over the minibatches, the rest means.
-  return state, {k: float(np.max([m[k] for m in ms]) if k.endswith('_max')
-                          or k.startswith('dropped') else
+  worst = lambda k: (k.endswith('_max') or k.startswith('dropped') or
+                     k == 'moe_capacity')
+  return state, {k: float(np.max([m[k] for m in ms]) if worst(k) else
                           np.mean([m[k] for m in ms])) for k in ms[0]}
 
 
