@@ -347,21 +347,24 @@ def test_refills_sample_only_what_is_missing(setup):
   assert rl.refill_size(1, 2) == 1
   c = rl.RLConfig(prompts_per_step=8, rollouts_per_prompt=2, max_new_tokens=4,
                   max_refill_rounds=2, overlong='none')
-  # Prompts 0-4 of each round's first five get equal rewards (filtered).
+  # Prompts 0 and 1 get equal rewards in both rollouts: filtered.
   seen = []
 
   def reward(records, _):
     seen.append(len(records))
-    return np.asarray([float(i % 2) if int(r['id']) >= 5 else 1.0
+    return np.asarray([float(i % 2) if int(r['id']) >= 2 else 1.0
                        for i, r in enumerate(records)])
   recs = [dict(r, id=str(i)) for i, r in enumerate(recs)]
   batch, _, _, stats = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0), reward_fn=reward)
-  # Round 1 samples 8 prompts; what it lacks is refilled with a power of two
-  # of prompts (at least 2), not another 8.
-  assert seen[0] == 16 and all(n < 16 for n in seen[1:]), seen
+  # Round 1 samples all 8 prompts and keeps 6; the 2 missing are refilled
+  # with 2 prompts (4 rollouts), not another 8.
+  assert seen[:2] == [16, 4], seen
+  assert all(n <= 4 for n in seen[1:]), seen
   assert stats['sampled_prompts'] == sum(seen) // 2
+  assert stats['kept_groups'] == min(
+      8, stats['groups'] - stats['filtered_groups'])
   assert batch['inputs'].shape[0] == 16
 
 
