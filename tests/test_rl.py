@@ -135,7 +135,7 @@ def test_grpo_learns_a_toy_reward_with_matching_logprobs(setup):
                          opt=opt, cfg=c)
     # The learner's forward pass (with the rollout's routing replayed) gives
     # the sampler's log-probs: strictly on-policy.
-    assert float(m['sampler_mismatch']) < 1e-5
+    assert float(m['sampler_mismatch_mean']) < 1e-5
   assert np.mean(means[-5:]) > 2 * np.mean(means[:5]) + 0.05, means
 
 
@@ -157,7 +157,7 @@ def test_trimming_the_empty_tail_changes_nothing(setup):
   assert rl.trim_right(wide)['mask'].shape == batch['mask'].shape
   ms = [rl.update(jax.tree.map(jnp.copy, state), jax.tree.map(jnp.asarray, b),
                   graph=graph, opt=opt, cfg=c)[1] for b in (batch, wide)]
-  for k in ('loss', 'grad_norm', 'sampler_mismatch', 'token_count'):
+  for k in ('loss', 'grad_norm', 'sampler_mismatch_mean', 'token_count'):
     np.testing.assert_allclose(float(ms[0][k]), float(ms[1][k]), rtol=1e-5,
                                atol=1e-6)
 
@@ -186,7 +186,7 @@ def test_learner_scores_the_tempered_policy_the_sampler_drew_from(setup):
       jnp.asarray(rewards), c.rollouts_per_prompt))
   _, m = rl.update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
                    opt=opt, cfg=c)
-  assert float(m['sampler_mismatch']) < 1e-5
+  assert float(m['sampler_mismatch_mean']) < 1e-5
 
 
 def test_more_updates_per_batch_are_off_policy_after_the_first(setup):
@@ -245,6 +245,13 @@ def test_dynamic_filtering_drops_groups_with_equal_rewards(setup):
       c, jax.random.key(0), reward_fn=lambda r, s: np.ones(len(s)))
   assert batch is None
   assert stats['groups'] == stats['filtered_groups'] == 4   # 2 + 2 refilled
+  # Nothing to learn from, but the step still shows it is on-policy.
+  probe = stats['probe']
+  assert probe['inputs'].shape[0] == 8 and probe['mask'][4:].sum() == 0
+  m = rl.check_on_policy(state.params, state.rest,
+                         jax.tree.map(jnp.asarray, probe), graph=graph, cfg=c)
+  assert float(m['sampler_mismatch_max']) <= 1e-5
+  assert float(m['dropped_learner']) == 0.0
 
 
 def test_overlong_filter_removes_cut_responses_from_the_loss(setup):

@@ -146,7 +146,7 @@ def on_policy_check(path: str) -> dict[str, float]:
   forward kind (learner, reference, teacher, reward model); NaN when a stage
   logged none.
   """
-  keys = ('sampler_mismatch_max', 'sampler_mismatch', 'dropped_learner',
+  keys = ('sampler_mismatch_max', 'sampler_mismatch_mean', 'dropped_learner',
           'dropped_reference', 'dropped_teacher', 'dropped_reward_model')
   out = {}
   for k in keys:

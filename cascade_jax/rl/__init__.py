@@ -1,6 +1,7 @@
 """The RL learner: rollouts, rewards, dynamic filtering, GRPO / MOPD updates."""
 
 from cascade_jax.rl._batch import training_batch
+from cascade_jax.rl._learner import check_on_policy
 from cascade_jax.rl._learner import collect
 from cascade_jax.rl._learner import exact_moe
 from cascade_jax.rl._learner import overlong_penalty

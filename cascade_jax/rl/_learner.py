@@ -174,21 +174,37 @@ def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig,
           reward_advantages=batch.get('advantages'),
           reward_weight=cfg.mopd_reward_weight)
     mask = batch['mask'].astype(jnp.float32)
-    count = jnp.maximum(mask.sum(), 1.0)
-    ent = jnp.sum(train.token_entropy(logits) * mask) / count
-    # Learner vs sampler, per response token: 0 up to float rounding when
-    # the update is on-policy (same weights, routing, temperature, top-p).
-    gap = jnp.abs(logp - batch['sampler_logp']) * mask
+    ent = jnp.sum(train.token_entropy(logits) * mask) / jnp.maximum(
+        mask.sum(), 1.0)
     return loss + info['aux_loss'], dict(
-        m, entropy=ent, sampler_mismatch=jnp.sum(gap) / count,
-        sampler_mismatch_max=jnp.max(gap),
-        dropped_learner=dropped_fraction(info))
+        m, entropy=ent, **_on_policy_metrics(logp, batch, info))
 
   (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = opt.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   m = dict(m, loss=loss, grad_norm=optax.global_norm(grads))
   return train.TrainState(params, state.rest, opt_state, state.step + 1), m
+
+
+def _on_policy_metrics(logp, batch, info) -> dict[str, jax.Array]:
+  """Learner vs sampler per response token (0 up to float rounding when the
+  learner sees the sampler's weights, routing, temperature and kept set),
+  and the learner forward's dropped-token fraction."""
+  mask = batch['mask'].astype(jnp.float32)
+  gap = jnp.abs(logp - batch['sampler_logp']) * mask
+  return dict(sampler_mismatch_mean=jnp.sum(gap) / jnp.maximum(mask.sum(), 1.0),
+              sampler_mismatch_max=jnp.max(gap),
+              dropped_learner=dropped_fraction(info))
+
+
+@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'moe'))
+def check_on_policy(params, rest, batch, *, graph, cfg: RLConfig,
+                    moe: tuple = ()):
+  """`update`'s on-policy metrics without an update (a step with nothing to
+  learn from still logs them)."""
+  logp, _, info = _forward_logp(params, rest, graph, batch,
+                                batch.get('expert_idx'), cfg.sample_config, moe)
+  return _on_policy_metrics(logp, batch, info)
 
 
 @dataclasses.dataclass
@@ -300,20 +316,35 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     for j in range(len(recs) // g):
       sl = slice(j * g, (j + 1) * g)
       stats['groups'] += 1
+      group = ({k: v[:, sl] if k == 'expert_idx' else v[sl]
+                for k, v in batch.items()}, rewards[sl], recs[sl])
       if (cfg.dynamic_filtering and cfg.algorithm == 'grpo'
           and np.all(rewards[sl] == rewards[sl][0])):
         stats['filtered_groups'] += 1
+        if not kept and 'probe' not in stats:
+          stats['probe'] = group
         continue
-      kept.append(({k: v[:, sl] if k == 'expert_idx' else v[sl]
-                    for k, v in batch.items()}, rewards[sl], recs[sl]))
+      kept.append(group)
   if not kept:
+    # Nothing to learn from; the first filtered group, as an update batch,
+    # still shows whether the learner scores what the sampler drew.
+    stats['probe'] = _assemble([stats['probe']], cfg)[0]
     return None, None, None, stats
-  kept = kept[:cfg.prompts_per_step]
-  stats['kept_groups'] = len(kept)
-  # A constant batch shape for the update: missing groups are copies with
-  # an empty mask (they add nothing to the loss).
+  stats.pop('probe', None)
+  stats['kept_groups'] = min(len(kept), cfg.prompts_per_step)
+  return _assemble(kept, cfg) + (stats,)
+
+
+def _assemble(groups, cfg: RLConfig):
+  """(batch, rewards, records) of `prompts_per_step` groups from the first ones.
+
+  A constant batch shape for the update: missing groups are copies with an
+  empty mask (they add nothing to the loss).
+  """
+  kept = groups[:cfg.prompts_per_step]
+  n = len(kept)
   while len(kept) < cfg.prompts_per_step:
-    b, r, rc = kept[len(kept) % stats['kept_groups']]
+    b, r, rc = kept[len(kept) % n]
     kept.append((dict(b, mask=np.zeros_like(b['mask'])), np.zeros_like(r),
                  rc))
   out = {k: np.concatenate([b[k] for b, _, _ in kept],
@@ -322,7 +353,7 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   if cfg.trim_bucket:
     out = trim_right(out, cfg.trim_bucket)
   return out, np.concatenate([k[1] for k in kept]), [r for k in kept
-                                                      for r in k[2]], stats
+                                                      for r in k[2]]
 
 
 def overlong_penalty(rewards, truncated, group_size: int, *,

@@ -29,6 +29,7 @@ from cascade_jax import metrics as metrics_lib
 from cascade_jax import reward_model
 from cascade_jax import rollout
 from cascade_jax import train
+from cascade_jax.rl._learner import check_on_policy
 from cascade_jax.rl._learner import collect
 from cascade_jax.rl._learner import exact_moe
 from cascade_jax.rl._learner import frozen_logprobs
@@ -176,7 +177,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       state, um = update_minibatches(state, batch, graph=graph, opt=opt, cfg=rc)
       m.update(um, train_s=time.perf_counter() - t1,
                response_length=float(batch['mask'].sum(1).mean()))
-    # else: every group was filtered, nothing to learn from this step.
+    else:  # every group was filtered: nothing to learn from this step
+      probe = st['probe']
+      m.update({k: float(v) for k, v in jax.device_get(check_on_policy(
+          state.params, state.rest, jax.tree.map(jnp.asarray, probe),
+          graph=graph, cfg=rc, moe=exact_moe(
+              graph_config(graph, state.params, state.rest), probe))).items()})
     m['step_s'] = time.perf_counter() - t0
     writer.write(step + 1, m)
     dropped = {k: v for k, v in m.items() if k.startswith('dropped') and v}
