@@ -196,8 +196,8 @@ class MoE(nnx.Module):
                          out_specs=(tok, tok))(x_nd, idx_nk, w_nk, ws, valid_n)
 
 
-def exact_dispatch(cfg: ModelConfig, expert_idx_lbtk=None, valid_bt=None
-                   ) -> dict[str, Any]:
+def exact_dispatch(cfg: ModelConfig, expert_idx_lbtk=None, valid_bt=None, *,
+                   min_capacity: int = 0) -> dict[str, Any]:
   """`Transformer` keyword arguments for a forward that drops no token.
 
   A forward that scores a rollout (learner, reference, teacher, reward
@@ -205,15 +205,17 @@ def exact_dispatch(cfg: ModelConfig, expert_idx_lbtk=None, valid_bt=None
   batch. `dense`, `ragged` and `dropless` never drop; `capacity` would, so
   with a replayed routing (numpy `expert_idx_lbtk` [L_moe, B, T, k] and
   `valid_bt` [B, T]) it gets a capacity that fits it (`replay_capacity`:
-  exact at `capacity`'s cost), and without one it runs `dropless`.
+  exact at `capacity`'s cost; at least `min_capacity`: a run that passes
+  its largest capacity so far compiles again only when a batch needs more),
+  and without one it runs `dropless`.
   """
   if cfg.moe is None or cfg.moe.dispatch != 'capacity':
     return {}
   if expert_idx_lbtk is None:
     return dict(moe_dispatch='dropless')
   return dict(moe_dispatch='capacity',
-              moe_capacity=_dispatch.replay_capacity(
-                  expert_idx_lbtk, valid_bt, cfg.moe.num_experts))
+              moe_capacity=max(min_capacity, _dispatch.replay_capacity(
+                  expert_idx_lbtk, valid_bt, cfg.moe.num_experts)))
 
 
 def _spec_axes(entry) -> tuple[str, ...]:

@@ -140,12 +140,15 @@ def _moe_key(moe: dict) -> tuple:
   return tuple(sorted(moe.items()))
 
 
-def exact_moe(model_cfg, batch) -> tuple:
-  """`update`'s / `frozen_logprobs`' static `moe` for a batch: no token dropped."""
+def exact_moe(model_cfg, batch, *, min_capacity: int = 0) -> tuple:
+  """`update`'s / `frozen_logprobs`' static `moe` for a batch: no token dropped.
+
+  `min_capacity`: the largest capacity a run has used (`model.exact_dispatch`).
+  """
   replay = batch.get('expert_idx')
   return _moe_key(model_lib.exact_dispatch(
       model_cfg, None if replay is None else np.asarray(replay),
-      np.asarray(batch['segment_ids']) != 0))
+      np.asarray(batch['segment_ids']) != 0, min_capacity=min_capacity))
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'opt', 'cfg', 'moe'),

@@ -132,8 +132,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                  max_to_keep=config.keep_checkpoints)
   state, extra = train.resume(ckpt, state)
   start = 0 if extra is None else ckpt.latest_step()   # RL steps, not updates
+  # The learner's largest MoE capacity so far: each new one compiles the
+  # update once; checkpointed, so that a resumed run computes with the
+  # shapes (and so the float sums) of an uninterrupted one.
+  capacity = 0
   if extra is not None:
     stream.position = int(extra['prompt_position'])
+    capacity = int(extra.get('moe_capacity', 0))
     print(f'[rl] resumed from step {start}')
   # Rows past the checkpoint were written by the run that was killed: the
   # steps after it run again and write them anew.
@@ -174,7 +179,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          moe=exact_moe(graph_config(*ref), fwd))
         batch['ref_logp'], m['dropped_reference'] = np.asarray(lp), float(dr)
       t1 = time.perf_counter()
-      state, um = update_minibatches(state, batch, graph=graph, opt=opt, cfg=rc)
+      state, um = update_minibatches(state, batch, graph=graph, opt=opt,
+                                     cfg=rc, min_capacity=capacity)
+      capacity = max(capacity, int(um['moe_capacity']))
       m.update(um, train_s=time.perf_counter() - t1,
                response_length=float(batch['mask'].sum(1).mean()))
     else:  # every group was filtered: nothing to learn from this step
@@ -197,7 +204,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       _evaluate(graph, state, tok, evals, writer, step + 1)
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
       ckpt.save(step + 1, state.to_checkpoint(),
-                {'prompt_position': stream.position})
+                {'prompt_position': stream.position,
+                 'moe_capacity': capacity})
   ckpt.wait()
   scores = _evaluate(graph, state, tok, evals, writer, config.steps)
   with open(os.path.join(workdir, 'rl_scores.json'), 'w') as f:
@@ -207,14 +215,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return scores
 
 
-def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig):
+def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig,
+                       min_capacity: int = 0):
   """`updates_per_batch` optimizer steps, one per minibatch of whole groups.
 
   With one update (the recipe's default) this is strictly on-policy. With
   more, every minibatch after the first is scored by a policy that has moved
   since sampling: the sampler's log-probs are the old log-probs that the
-  clipped ratio is taken against. Returns (state, metrics): means over the
-  minibatches; worst cases (`*_max`, dropped fractions, capacity) maxima.
+  clipped ratio is taken against. The learner replays each minibatch's
+  routing at a capacity that fits it, and at least `min_capacity` (pass the
+  run's largest so far, metrics['moe_capacity']: the update then compiles
+  again only when a batch needs more, a few times a stage).
+  Returns (state, metrics): means over the minibatches; worst cases
+  (`*_max`, dropped fractions, capacity) maxima.
   """
   n = cfg.updates_per_batch
   rows = batch['mask'].shape[0]
@@ -229,10 +242,9 @@ def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig):
   for i in range(n):
     sl = slice(i * size, (i + 1) * size)
     mb = {k: v[:, sl] if k == 'expert_idx' else v[sl] for k, v in batch.items()}
-    moe = exact_moe(model_cfg, mb)
+    moe = exact_moe(model_cfg, mb, min_capacity=min_capacity)
     state, um = update(state, jax.tree.map(jnp.asarray, mb), graph=graph,
                        opt=opt, cfg=cfg, moe=moe)
-    # The replayed routing's capacity: each new value compiles the update.
     ms.append(dict(jax.device_get(um),
                    moe_capacity=dict(moe).get('moe_capacity', 0)))
   # Worst cases are maxima over the minibatches, the rest means.
