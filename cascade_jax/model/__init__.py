@@ -21,6 +21,7 @@ from cascade_jax.model._moe import route
 from cascade_jax.model._moe import update_expert_bias
 from cascade_jax.model._params import count_params
 from cascade_jax.model._params import ParamCount
+from cascade_jax.model._transformer import dropped_fraction
 from cascade_jax.model._transformer import init_cache
 from cascade_jax.model._transformer import KVCache
 from cascade_jax.model._transformer import Transformer

@@ -259,4 +259,15 @@ class Transformer(nnx.Module):
                                                   rate)
 
 
-__all__ = ['ExpertBias', 'KVCache', 'Transformer', 'init_cache']
+def dropped_fraction(info) -> jax.Array:
+  """The mean over MoE layers of a forward's dropped (token, choice) fraction.
+
+  `info` is `Transformer.__call__`'s; 0 for a model without MoE layers.
+  """
+  if 'router' not in info:
+    return jnp.zeros((), jnp.float32)
+  return jnp.mean(info['router']['dropped'])
+
+
+__all__ = ['ExpertBias', 'KVCache', 'Transformer', 'dropped_fraction',
+           'init_cache']

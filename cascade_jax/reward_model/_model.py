@@ -100,9 +100,7 @@ def _scores(graph, params, rest, tokens, last):
   """Exact scores [B] (no dropped token) and the dropped fraction (0)."""
   s, info = nnx.merge(graph, params, rest)(tokens, last, exact=True,
                                            with_info=True)
-  dropped = (jnp.mean(info['router']['dropped']) if 'router' in info else
-             jnp.zeros((), jnp.float32))
-  return s, dropped
+  return s, model_lib.dropped_fraction(info)
 
 
 def _pair_batch(tok, recs, seq_len, cross_prompt=False):

@@ -114,13 +114,6 @@ def _forward_logp(params, rest, graph, batch, replay, sc: rollout.SampleConfig,
   return train.token_logprobs(logits, batch['targets']), logits, info
 
 
-def dropped_fraction(info) -> jax.Array:
-  """The mean over MoE layers of the fraction of (token, choice) pairs dropped."""
-  if 'router' not in info:
-    return jnp.zeros((), jnp.float32)
-  return jnp.mean(info['router']['dropped'])
-
-
 def frozen_logprobs(graph, params, rest, batch, replay=None, *,
                     temperature: float = 1.0, moe: tuple = ()):
   """A frozen model's (reference or teacher) log-probs [B, T] at the
@@ -133,7 +126,7 @@ def frozen_logprobs(graph, params, rest, batch, replay=None, *,
   logp, _, info = _forward_logp(
       params, rest, graph, batch, replay,
       rollout.SampleConfig(temperature=temperature), moe)
-  return logp, dropped_fraction(info)
+  return logp, model_lib.dropped_fraction(info)
 
 
 def _moe_key(moe: dict) -> tuple:
@@ -197,7 +190,7 @@ def _on_policy_metrics(logp, batch, info) -> dict[str, jax.Array]:
   gap = jnp.abs(logp - batch['sampler_logp']) * mask
   return dict(sampler_mismatch_mean=jnp.sum(gap) / jnp.maximum(mask.sum(), 1.0),
               sampler_mismatch_max=jnp.max(gap),
-              dropped_learner=dropped_fraction(info))
+              dropped_learner=model_lib.dropped_fraction(info))
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'moe'))
