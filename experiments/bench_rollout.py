@@ -93,7 +93,7 @@ def main(argv):
       ['batch', 'ours tok/s', 'transformers tok/s', 'speed-up',
        'same tokens', 'ours fixed ms', 'ours ms/step'], rows))
   # Where the decode step's MoE time goes: one layer, kernel vs XLA layouts.
-  moe = model_lib.moe_decode_benchmark(
+  moe = rollout.moe_decode_benchmark(
       batch_sizes=c.batch_sizes, embed_dim=c.embed_dim,
       expert_dim=c.expert_dim, num_experts=c.num_experts, top_k=c.top_k,
       activation=cfg.moe.activation, steps=c.new_tokens)

@@ -10,6 +10,8 @@ from flax import nnx
 
 from cascade_jax import kernels
 from cascade_jax import model
+from cascade_jax import ops
+from cascade_jax import rollout
 from cascade_jax.kernels import _build
 
 needs_kernel = pytest.mark.skipif(
@@ -116,14 +118,28 @@ def test_moe_decode_path_uses_kernel_and_equals_dense(activation, tokens):
       num_experts=8, top_k=2, expert_dim=16, dispatch='dense',
       activation=activation, num_shared_experts=1, shared_expert_dim=8))
   m = model.MoE(cfg, rngs=nnx.Rngs(0))
-  dw = m.decode_weights(jnp.float32, tokens)
+  with ops.forced(moe_decode='cpu_kernel'):
+    dw = rollout.decode_weights(m.expert_weights(jnp.float32), tokens, 2,
+                                act=activation)
   assert dw.kernel is not None and dw.flat is None and dw.per_expert is None
   x = jax.random.normal(jax.random.key(tokens), (1, tokens, 16))
   ref, info = m(x, with_stats=False)
-  y, info_dec = jax.jit(lambda x, dw: m(x, with_stats=False,
-                                        decode_weights=dw))(x, dw)
-  np.testing.assert_array_equal(info_dec['expert_idx'], info['expert_idx'])
+  y = jax.jit(lambda x, dw: _decode_moe(m, x, dw))(x, dw)
   np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+
+
+def _decode_moe(m, x_btd, dw, valid_bt=None, replay=None):
+  """The MoE layer as the sampler runs it: router, then its decode layout."""
+  b, t, d = x_btd.shape
+  x_nd = x_btd.reshape(b * t, d)
+  _, _, idx, w = m.route_tokens(
+      x_nd, None if replay is None else replay.reshape(b * t, -1))
+  y = rollout.decode_forward(
+      x_nd, idx, w, dw, act=m.cfg.activation,
+      valid_n=None if valid_bt is None else valid_bt.reshape(b * t))
+  if m.shared is not None:
+    y = y + m.shared(x_nd)
+  return y.reshape(b, t, d)
 
 
 def test_disabled_by_environment(monkeypatch):
@@ -195,14 +211,13 @@ def _cache_problem(b, t, s, index, heads, kv_heads, head_dim, seed=0,
 @needs_attention_kernel
 @pytest.mark.parametrize('qk_norm, use_rope', [(False, False), (True, False),
                                                (False, True)])
-def test_cache_attention_without_qk_norm_or_rope(monkeypatch, qk_norm,
-                                                 use_rope):
+def test_cache_attention_without_qk_norm_or_rope(qk_norm, use_rope):
   layer, args, call = _cache_problem(3, 2, 20, 7, 4, 2, 16, qk_norm=qk_norm,
                                      use_rope=use_rope)
-  y, (ck, _) = jax.jit(call)(layer, *args)
-  from cascade_jax.model._attention import Attention  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(Attention, '_cache_kernel', lambda *a: False)
-  y_ref, (ck_ref, _) = jax.jit(lambda *a: call(*a))(layer, *args)
+  with ops.forced(cache_attention='cpu_kernel'):
+    y, (ck, _) = jax.jit(call)(layer, *args)
+  with ops.forced(cache_attention='xla'):
+    y_ref, (ck_ref, _) = jax.jit(lambda *a: call(*a))(layer, *args)
   np.testing.assert_allclose(ck, ck_ref, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
 
@@ -216,15 +231,16 @@ def test_cache_attention_without_qk_norm_or_rope(monkeypatch, qk_norm,
     (2, 3, 12, 5, 6, 2, 24),     # G = 3, head dim not a multiple of 16
     (2, 3, 10, 9, 4, 4, 8),      # index + T > S: the start is clamped
 ])
-def test_cache_attention_equals_xla(monkeypatch, b, t, s, index, heads,
-                                    kv_heads, head_dim):
+def test_cache_attention_equals_xla(b, t, s, index, heads, kv_heads,
+                                    head_dim):
   layer, args, call = _cache_problem(b, t, s, index, heads, kv_heads, head_dim)
-  assert layer._cache_kernel(jnp.float32, args[1:])
-  y, (ck, cv) = jax.jit(call)(layer, *args)
-  from cascade_jax.model._attention import Attention  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(Attention, '_cache_kernel', lambda *a: False)
+  ops.reset_selected()
+  with ops.forced(cache_attention='cpu_kernel'):
+    y, (ck, cv) = jax.jit(call)(layer, *args)
+  assert ops.selected()['cache_attention'] == ['cpu_kernel (cpu, float32)']
   # A new function to trace (jax.jit(call) would reuse the kernel's trace).
-  y_ref, (ck_ref, cv_ref) = jax.jit(lambda *a: call(*a))(layer, *args)
+  with ops.forced(cache_attention='xla'):
+    y_ref, (ck_ref, cv_ref) = jax.jit(lambda *a: call(*a))(layer, *args)
   # The same slots written: values as given, keys QK-normed and rotated.
   np.testing.assert_array_equal(cv, cv_ref)
   np.testing.assert_allclose(ck, ck_ref, rtol=1e-6, atol=1e-6)

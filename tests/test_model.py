@@ -1,6 +1,5 @@
 """The decoder: masking, packing, KV cache, RoPE, tied heads, dtypes."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,18 +74,6 @@ def test_kv_cache_decode_equals_full_forward(qk_norm):
     outs.append(logits)
   assert int(info['cache'].index) == 9
   np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5)
-
-
-def test_last_logits_only_is_the_last_row_and_the_same_cache():
-  cfg = model.tiny()
-  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  toks = _tokens(2, 5)
-  cache = model.init_cache(cfg, batch=2, max_len=8)
-  full, info = m(toks, cache=cache)
-  last, info_last = m(toks, cache=cache, last_logits_only=True)
-  assert last.shape == (2, 1, cfg.vocab_size)
-  np.testing.assert_allclose(last, full[:, -1:], atol=1e-6)
-  chex.assert_trees_all_equal(info_last['cache'], info['cache'])
 
 
 def test_kv_cache_left_padded_prompts():

@@ -1,5 +1,6 @@
 """The sampler: log-probs match a full forward pass, stopping, truncation, routing, one compile per shape."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,11 +125,17 @@ def test_empty_prompt_is_refused(policy):
 def test_token_choice_is_argmax_and_categorical_exactly():
   # The sampler's two-reduction argmax (first index of the maximum) and its
   # Gumbel-max draw are jnp.argmax and jax.random.categorical, ties included.
+  from cascade_jax import ops  # pylint: disable=g-import-not-at-top
   from cascade_jax.rollout import _sampler  # pylint: disable=g-import-not-at-top
   logits = jax.random.normal(jax.random.key(0), (16, 50))
   logits = logits.at[:, 7].set(9.0).at[:, 30].set(9.0)  # a tie: 7 wins
-  np.testing.assert_array_equal(_sampler._argmax(logits),
-                                jnp.argmax(logits, -1))
+  from cascade_jax import kernels  # pylint: disable=g-import-not-at-top
+  impls = ['xla'] + (['cpu_kernel'] if kernels.argmax_available(jnp.float32)
+                     else [])
+  for impl in impls:
+    with ops.forced(argmax=impl):
+      np.testing.assert_array_equal(jax.jit(ops.argmax)(logits),
+                                    jnp.argmax(logits, -1))
   cfg = rollout.SampleConfig(temperature=1.0)
   logits = jax.random.normal(jax.random.key(1), (16, 50))
   logp = jax.nn.log_softmax(logits)
@@ -163,3 +170,34 @@ def test_a_reused_cache_leaves_no_trace(policy):
                            record_experts=True)
   for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(again)):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('pattern', ['*E*E', '*-'])
+def test_sampler_forward_equals_the_model_over_a_cache(pattern):
+  # The sampler's own forward (decode layouts, rotary tables and the last
+  # position's logits) computes what the model computes over the same cache.
+  cfg = model.small(pattern=pattern, mlp_dim=64)
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  toks = jax.random.randint(jax.random.key(0), (3, 6), 1, cfg.vocab_size)
+  seg = jnp.array([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]])
+  pos = jnp.maximum(jnp.cumsum(seg, 1) - 1, 0)
+  cache = model.init_cache(cfg, 3, 10)
+  ref, info = m(toks, positions_bt=pos, segment_ids_bt=seg, cache=cache,
+                moe_dispatch='dense')  # small() drops at capacity
+  layouts = rollout.model_decode_weights(m, 3)
+  last, new_cache, experts = jax.jit(
+      lambda t, c: rollout.forward(m, t, positions_bt=pos, segment_ids_bt=seg,
+                                   cache=c, layouts=layouts,
+                                   last_logits_only=True))(toks, cache)
+  np.testing.assert_allclose(last, ref[:, -1:], atol=1e-5)
+  chex.assert_trees_all_close(new_cache, info['cache'], atol=1e-5)
+  if 'E' in pattern:
+    np.testing.assert_array_equal(experts, info['expert_idx'])
+  # One decode step on top.
+  step = jnp.array([[3], [4], [5]])
+  ref2, _ = m(step, positions_bt=pos[:, -1:] + 1, cache=info['cache'],
+              moe_dispatch='dense')
+  got2, _, _ = rollout.forward(m, step, positions_bt=pos[:, -1:] + 1,
+                               segment_ids_bt=jnp.ones((3, 1), jnp.int32),
+                               cache=new_cache, layouts=layouts)
+  np.testing.assert_allclose(got2, ref2, atol=1e-5)

@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ _TARGETS = {'cascade_jax_moe_ffn': 'CascadeJaxMoeFfn',
             'cascade_jax_cache_attention': 'CascadeJaxCacheAttention',
             'cascade_jax_argmax': 'CascadeJaxArgmax'}
 DISABLE_ENV = 'CASCADE_JAX_CPU_KERNELS'  # '0': XLA's own ops everywhere
+COMPILE_TIMEOUT_S = 120  # a compiler that hangs must not hang the run
 
 
 def _cpu_signature() -> str:
@@ -58,7 +60,12 @@ def _compile(out: pathlib.Path) -> None:
       cmd = [cxx, '-O3', arch, '-std=c++17', '-shared', '-fPIC',
              '-isystem', jax.ffi.include_dir(), *map(str, _SOURCES),
              '-o', str(lib)]
-      res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+      try:
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                             timeout=COMPILE_TIMEOUT_S)
+      except subprocess.TimeoutExpired:
+        errors.append(f'{" ".join(cmd)} took over {COMPILE_TIMEOUT_S}s')
+        continue
       if res.returncode == 0:
         os.replace(lib, out)  # atomic: concurrent builders see no half file
         return
@@ -76,29 +83,46 @@ def _library() -> ctypes.CDLL | None:
   $XDG_CACHE_HOME/cascade_jax/kernels (default ~/.cache), keyed by the
   sources, jaxlib's FFI headers and this CPU's features (-march=native).
   """
-  if os.environ.get(DISABLE_ENV, '1') == '0':
+  if os.environ.get(DISABLE_ENV, '1').strip().lower() in ('0', 'off', 'false'):
     return None
-  key = hashlib.sha256()
-  for source in _SOURCES + _HEADERS:
-    key.update(source.read_bytes())
-  for header in sorted(pathlib.Path(jax.ffi.include_dir()).rglob('*.h')):
-    key.update(header.read_bytes())  # the FFI ABI the library is built for
-  key.update(_cpu_signature().encode())
-  lib_path = _cache_dir() / f'cpu_kernels_{key.hexdigest()[:16]}.so'
+  lib_path = cache_path('.so')
   try:
     if not lib_path.exists():
-      logging.info('cascade_jax: compiling the CPU kernels -> %s', lib_path)
+      t0 = time.perf_counter()
+      print(f'cascade_jax: compiling the CPU kernels -> {lib_path} ...',
+            flush=True)
       _compile(lib_path)
+      print(f'cascade_jax: compiled the CPU kernels in '
+            f'{time.perf_counter() - t0:.1f}s', flush=True)
     lib = ctypes.cdll.LoadLibrary(str(lib_path))
     for name, symbol in _TARGETS.items():
       jax.ffi.register_ffi_target(
           name, jax.ffi.pycapsule(getattr(lib, symbol)), platform='cpu')
   except (OSError, RuntimeError, subprocess.SubprocessError,
           AttributeError) as e:
-    logging.warning('cascade_jax: CPU kernels unavailable, using XLA ops '
-                    '(%s)', e)
+    msg = f'cascade_jax: CPU kernels unavailable, using XLA ops ({e})'
+    print(msg.splitlines()[0][:300], flush=True)
+    logging.warning('%s', msg)
     return None
   return lib
+
+
+@functools.cache
+def _key() -> str:
+  """The sources, jaxlib's FFI headers and this CPU's features, hashed."""
+  key = hashlib.sha256()
+  for source in _SOURCES + _HEADERS:
+    key.update(source.read_bytes())
+  for header in sorted(pathlib.Path(jax.ffi.include_dir()).rglob('*.h')):
+    key.update(header.read_bytes())  # the FFI ABI the library is built for
+  key.update(_cpu_signature().encode())
+  return key.hexdigest()[:16]
+
+
+def cache_path(suffix: str) -> pathlib.Path:
+  """A file of this build in the cache: the library ('.so'), its calibration."""
+  sep = '' if suffix.startswith('.') else '_'
+  return _cache_dir() / f'cpu_kernels_{_key()}{sep}{suffix}'
 
 
 def _known(name: str) -> None:

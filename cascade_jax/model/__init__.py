@@ -1,6 +1,8 @@
 """Flax NNX MoE decoder: configs, presets, the model, KV cache and parameter counts."""
 
 from cascade_jax.model._attention import attention_mask
+from cascade_jax.model._config import ATTENTION
+from cascade_jax.model._config import MOE
 from cascade_jax.model._attention import rope_tables
 from cascade_jax.model._config import MambaConfig
 from cascade_jax.model._config import ModelConfig
@@ -25,5 +27,4 @@ from cascade_jax.model._transformer import dropped_fraction
 from cascade_jax.model._transformer import init_cache
 from cascade_jax.model._transformer import KVCache
 from cascade_jax.model._transformer import Transformer
-from cascade_jax.model._benchmark import moe_decode_benchmark
 from cascade_jax.model._benchmark import moe_layer_benchmark

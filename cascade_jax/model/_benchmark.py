@@ -1,4 +1,4 @@
-"""MoE layer speed: each dispatch path (forward + backward) against the ideal dense MLP, and the decode path."""
+"""MoE layer speed: each dispatch path (forward + backward) against the ideal dense MLP."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cascade_jax import kernels
-from cascade_jax.model import _dispatch
 from cascade_jax.model._config import ModelConfig
 from cascade_jax.model._config import MoEConfig
 from cascade_jax.model._layers import is_gated
@@ -82,44 +80,4 @@ def moe_layer_benchmark(*, tokens: int, embed_dim: int, expert_dim: int,
     r['of_peak'] = r['gflops'] / peak
   rows.append(dict(path=f'matmul {matmul_size}^3', seconds=float('nan'),
                    ratio=float('nan'), gflops=peak, dropped=0.0, of_peak=1.0))
-  return rows
-
-
-def moe_decode_benchmark(*, batch_sizes: Sequence[int], embed_dim: int,
-                         expert_dim: int, num_experts: int, top_k: int,
-                         activation: str, steps: int = 100,
-                         repeats: int = 3) -> list[dict]:
-  """Microseconds per MoE layer per decode step: the CPU kernel against XLA's decode layouts.
-
-  One row per batch size: `_dispatch.decode_forward` over `steps` steps (in
-  a `fori_loop`, each step's output feeding the next) with the layer's
-  `decode_weights` laid out once, with and without `cascade_jax.kernels`.
-  Random (distinct) expert choices per token, as a router makes them.
-  """
-  key = jax.random.key(0)
-  kg, ku, kd = jax.random.split(key, 3)
-  e, d, f = num_experts, embed_dim, expert_dim
-  ws = (jax.random.normal(kg, (e, d, f)) * d ** -0.5,
-        jax.random.normal(ku, (e, d, f)) * d ** -0.5
-        if is_gated(activation) else None,
-        jax.random.normal(kd, (e, f, d)) * f ** -0.5)
-  rows = []
-  for n in batch_sizes:
-    kx, ki, kw = jax.random.split(jax.random.fold_in(key, n), 3)
-    x = jax.random.normal(kx, (n, d))
-    idx = jnp.argsort(jax.random.uniform(ki, (n, e)), axis=-1)[:, :top_k]
-    w = jax.random.uniform(kw, (n, top_k))
-    row = dict(batch=n)
-    for name, use_kernel in (('kernel', True), ('xla', False)):
-      def run(x, ws, use_kernel=use_kernel):
-        dw = _dispatch.decode_weights(ws, n, top_k, act=activation,
-                                      use_kernel=use_kernel)
-        step = lambda i, x: x + 1e-3 * _dispatch.decode_forward(
-            x, idx, w, dw, act=activation)
-        return jax.lax.fori_loop(0, steps, step, x)
-      if use_kernel and not kernels.moe_ffn_available(activation, x.dtype):
-        row[name] = float('nan')
-        continue
-      row[name] = time_fn(jax.jit(run), x, ws, repeats=repeats) / steps * 1e6
-    rows.append(row)
   return rows

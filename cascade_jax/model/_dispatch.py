@@ -23,22 +23,21 @@ expert-parallel path (inside `shard_map`).
   capacity large enough for the replayed routing (`replay_capacity`), or
   this one where the routing is not known in advance.
 
-Decoding (the sampler's few tokens a step, one device) has its own exact
-path, `decode_forward`, over weights laid out once per generation by
-`decode_weights`; on the CPU in fp32 it runs the sparse kernel of
-`cascade_jax.kernels`.
+`ragged`'s grouped matmuls are `cascade_jax.ops.grouped_matmul` (tokamax's
+kernels on GPU / TPU). Decoding (the sampler's few tokens a step) has its
+own exact path over weights laid out once per generation: it lives with
+the sampler, in `cascade_jax.rollout`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cascade_jax import kernels
+from cascade_jax import ops
 from cascade_jax.model._layers import activation
 
 Axes = tuple[str, ...]
@@ -94,7 +93,7 @@ def _combine(y_nkd, w_nk):
   return jnp.einsum('nkd,nk->nd', y_nkd, w_nk.astype(y_nkd.dtype))
 
 
-def _flat_mlp(x_nd, comb_ne, w_gate_flat, w_up_flat, w_down_flat, act):
+def flat_mlp(x_nd, comb_ne, w_gate_flat, w_up_flat, w_down_flat, act):
   """All experts on all tokens as two flat matmuls, gate weights in between."""
   num_experts = comb_ne.shape[1]
   g = x_nd @ w_gate_flat
@@ -104,7 +103,7 @@ def _flat_mlp(x_nd, comb_ne, w_gate_flat, w_up_flat, w_down_flat, act):
   return h_nef.reshape(x_nd.shape[0], -1) @ w_down_flat
 
 
-def _combine_weights(idx_nk, w_nk, num_experts, first_expert=0):
+def combine_weights(idx_nk, w_nk, num_experts, first_expert=0):
   """[N, E]: the gate weight token n gives expert e (0 if unchosen)."""
   ids = first_expert + jnp.arange(num_experts)
   return jnp.einsum('nk,nke->ne', w_nk,
@@ -125,13 +124,13 @@ def _dense_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
   """
   w_gate, w_up, w_down = ws
   num_local, d, f = w_gate.shape
-  comb_ne = _combine_weights(idx_nk, w_nk, num_local, first_expert)
+  comb_ne = combine_weights(idx_nk, w_nk, num_local, first_expert)
   if not _flat_dense(x_nd.shape[0], idx_nk.shape[1], num_local):
     x_end = jnp.broadcast_to(x_nd, (num_local,) + x_nd.shape)
     y_end = _expert_mlp_ecd(x_end, w_gate, w_up, w_down, act)
     return jnp.einsum('end,ne->nd', y_end, comb_ne.astype(y_end.dtype))
   flat = lambda w: w.transpose(1, 0, 2).reshape(d, num_local * f)
-  return _flat_mlp(x_nd, comb_ne, flat(w_gate),
+  return flat_mlp(x_nd, comb_ne, flat(w_gate),
                    None if w_up is None else flat(w_up),
                    w_down.reshape(num_local * f, d), act)
 
@@ -158,9 +157,9 @@ def _ragged_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
   group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local]
   # Sorted row r reads token order[r] // k; token m is read by rows rank[m*k+j].
   xs = _gather_rows(x_nd, order // k, rank.reshape(n, k))
-  g = jax.lax.ragged_dot(xs, w_gate, group_sizes)
-  u = None if w_up is None else jax.lax.ragged_dot(xs, w_up, group_sizes)
-  ys = jax.lax.ragged_dot(activation(act, g, u), w_down, group_sizes)
+  g = ops.grouped_matmul(xs, w_gate, group_sizes)
+  u = None if w_up is None else ops.grouped_matmul(xs, w_up, group_sizes)
+  ys = ops.grouped_matmul(activation(act, g, u), w_down, group_sizes)
   y_ad = _gather_rows(ys, rank, order[:, None])
   y_ad = jnp.where(is_local[:, None], y_ad, 0)
   return _combine(y_ad.reshape(n, k, -1), w_nk)
@@ -233,7 +232,7 @@ def _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
   return _combine(y_pd.reshape(n, k, d), w_nk), keep_nk
 
 
-def _dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
+def dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
               tensor_axes, valid_n=None, *, dense=None):
   """`_capacity` when every expert's load fits `cap`, else dense: never drops.
 
@@ -281,117 +280,8 @@ def replay_capacity(expert_idx_lbtk, valid_bt, num_experts: int) -> int:
   return int(-(-load // q) * q)
 
 
-# ------------------------------------------------------------------ decode
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class DecodeWeights:
-  """One MoE layer's experts laid out for a generation that decodes N tokens a step.
-
-  One of three layouts, chosen by `decode_weights`:
-  - `kernel` (XLA:CPU, fp32, whenever `cascade_jax.kernels.moe_ffn` can be
-    built here): the stacked weights themselves (no copy), for the sparse
-    CPU kernel, which computes only the chosen (token, expert) pairs;
-  - `per_expert` (no more (token, choice) pairs than experts): expert e's
-    (gate [D, F], up [D, F] or None, down [F, D]) as separate arrays, so
-    that a step reads the chosen experts' weights alone;
-  - `flat` (otherwise): (gate [D, E, F], up [D, E, F] or None,
-    down [E, F, D]), i.e. `dense`'s two flat matmuls ([N, D] @ [D, E*F]).
-  `per_expert` and `flat` are laid out once per generation, so that neither
-  the prefill nor any step transposes or copies weights; each is itself a
-  copy of the layer's expert weights, held while the generation runs
-  (sharded models decode with `dense` in `shard_map` and lay out nothing).
-  """
-  kernel: tuple[jax.Array, jax.Array | None, jax.Array] | None = None
-  per_expert: tuple[tuple[jax.Array, jax.Array | None, jax.Array], ...] | None = None
-  flat: tuple[jax.Array, jax.Array | None, jax.Array] | None = None
-  # With `flat`: the stacked [E, D, F] weights themselves (not a copy), for
-  # a prefill's many tokens (see `decode_forward`).
-  stacked: tuple[jax.Array, jax.Array | None, jax.Array] | None = None
-
-
-def decode_weights(ws, num_tokens: int, top_k: int, *, act: str,
-                   use_kernel: bool = True) -> DecodeWeights:
-  """Lays out (w_gate [E, D, F], w_up or None, w_down [E, F, D]) for `decode_forward`.
-
-  `use_kernel=False` keeps to XLA's ops even where the CPU kernel runs.
-  """
-  w_gate, w_up, w_down = ws
-  if use_kernel and kernels.moe_ffn_available(act, w_gate.dtype):
-    return DecodeWeights(kernel=tuple(ws))
-  num_experts = w_gate.shape[0]
-  if num_tokens * top_k <= num_experts:
-    return DecodeWeights(per_expert=tuple(
-        (w_gate[e], None if w_up is None else w_up[e], w_down[e])
-        for e in range(num_experts)))
-  swap = lambda w: w.transpose(1, 0, 2)
-  return DecodeWeights(flat=(swap(w_gate),
-                             None if w_up is None else swap(w_up), w_down),
-                       stacked=tuple(ws))
-
-
-PREFILL_ROWS_PER_EXPERT = 64
+# `dropless`'s blocks: twice the mean load per expert, unless given more.
 DROPLESS_CAPACITY_FACTOR = 2.0
-
-
-def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str,
-                   valid_n=None):
-  """Exact (dropless) weighted expert outputs for N tokens, from `decode_weights`.
-
-  - `kernel`: `cascade_jax.kernels.moe_ffn`, the chosen pairs alone, for
-    the prefill and every step (bench_rollout's model, one layer's decode
-    step at batch 16: 0.16-0.18 ms against 0.63-0.66 ms with `flat`).
-  - `flat` weights: the `dense` path without its weight transpose; for a
-    prefill's many tokens (at least PREFILL_ROWS_PER_EXPERT (token, choice)
-    pairs per expert) the `capacity` path's per-expert blocks on the stacked
-    weights instead, twice the mean load per expert: a quarter to half of
-    dense's work (batch 64 x 32 prompt tokens: the fixed cost of a
-    generation 158 -> 117 ms). When some expert gets more tokens than
-    that, the step falls back to dense (`lax.cond`), so nothing is dropped;
-    padding tokens (`valid_n` False) take no block row and get 0.
-  - `per_expert` weights: each expert that some token chose runs on all N
-    tokens, the others are skipped (`lax.cond`), so only the chosen experts'
-    weights are read: at batch 1 with 8 experts top-2, a quarter of them.
-    At batch 4 a decode step is still ~1.1x faster than with `flat`; at
-    batch 8, where nearly every expert is chosen, no faster, so
-    `decode_weights` lays out `flat` there.
-
-  Args:
-    x_nd: [N, D] tokens; idx_nk / w_nk: [N, k] chosen experts, gate weights.
-    dw: the layer's `decode_weights`.
-    valid_n: [N] bool, False for padding; None: every token is real.
-
-  Returns:
-    [N, D], the `dense` path's output (up to float rounding) for every real
-    token.
-  """
-  if dw.kernel is not None:
-    return kernels.moe_ffn(x_nd, idx_nk, w_nk, *dw.kernel,
-                           act=act).astype(x_nd.dtype)
-  if dw.flat is not None:
-    w_gate, w_up, w_down = dw.flat
-    d, num_experts, f = w_gate.shape
-    flat = lambda w: w.reshape(d, num_experts * f)  # a bitcast, not a copy
-    dense = lambda: _flat_mlp(
-        x_nd, _combine_weights(idx_nk, w_nk, num_experts), flat(w_gate),
-        None if w_up is None else flat(w_up),
-        w_down.reshape(num_experts * f, d), act)
-    n, k = idx_nk.shape
-    if n * k < PREFILL_ROWS_PER_EXPERT * num_experts:
-      return dense()
-    cap = capacity(n, k, num_experts, DROPLESS_CAPACITY_FACTOR)
-    return _dropless(x_nd, idx_nk, w_nk, dw.stacked, act, num_experts, cap,
-                     (), (), valid_n, dense=dense)[0]
-  comb = _combine_weights(idx_nk, w_nk, len(dw.per_expert)).astype(x_nd.dtype)
-  chosen = jnp.any(comb != 0, axis=0)
-  out = jnp.zeros_like(x_nd)
-  for e, (w_gate, w_up, w_down) in enumerate(dw.per_expert):
-    def add_expert(y, e=e, w_gate=w_gate, w_up=w_up, w_down=w_down):
-      h = activation(act, x_nd @ w_gate, None if w_up is None else x_nd @ w_up)
-      return y + (h @ w_down) * comb[:, e:e + 1]
-    out = jax.lax.cond(chosen[e], add_expert, lambda y: y, out)
-  return out
 
 
 # ------------------------------------------------------------------ entry
@@ -424,7 +314,7 @@ def expert_forward(x_nd, idx_nk, w_nk, ws, valid_n=None, *, act: str,
     factor = (capacity_factor if dispatch == 'capacity' else
               max(capacity_factor, DROPLESS_CAPACITY_FACTOR))
     cap = capacity_slots or capacity(n, k, num_experts, factor)
-    path = _capacity if dispatch == 'capacity' else _dropless
+    path = _capacity if dispatch == 'capacity' else dropless
     return path(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
                 tensor_axes, valid_n)
   y = _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cascade_jax import ops
 from cascade_jax.sharding import ShardingCtx
 
 
@@ -46,10 +47,7 @@ class RMSNorm(nnx.Module):
     self.scale = param(None, (dim,), (axis_name,), init='ones', dtype=dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt(var + self.eps) * self.scale[...].astype(jnp.float32)
-    return y.astype(x.dtype)
+    return ops.rms_norm(x, self.scale[...], self.eps)
 
 
 class Mlp(nnx.Module):

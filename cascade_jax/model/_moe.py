@@ -108,35 +108,21 @@ class MoE(nnx.Module):
                with_stats: bool = True,
                dispatch: str | None = None,
                capacity: int | None = None,
-               decode_weights: _dispatch.DecodeWeights | None = None,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Returns (y [B, T, D], router info: stats, aux losses, expert_idx [B, T, k]).
 
-    With `with_stats=False` the info holds only expert_idx (decoding);
-    `dispatch` overrides the configured path and `capacity` the capacity
-    paths' slots per expert. With `decode_weights` (from
-    `self.decode_weights`, laid out once per generation) the experts run the
-    sampler's exact path (`_dispatch.decode_forward`) instead.
+    With `with_stats=False` the info holds only expert_idx; `dispatch`
+    overrides the configured path and `capacity` the capacity paths' slots
+    per expert.
     """
     m = self.cfg
     b, t, d = x_btd.shape
     x_nd = x_btd.reshape(b * t, d)
-    logits = x_nd.astype(jnp.float32) @ self.router_de[...]
-    bias = None if self.expert_bias is None else self.expert_bias[...]
     replay = None if expert_idx_btk is None else expert_idx_btk.reshape(b * t, -1)
-    scores, idx_nk, w_nk = route(
-        logits, score_fn=m.score_fn, top_k=m.top_k, renormalize=m.renormalize,
-        routed_scale=m.routed_scale, bias_e=bias, expert_idx_nk=replay)
-
+    logits, scores, idx_nk, w_nk = self.route_tokens(x_nd, replay)
     valid_n = None if valid_bt is None else valid_bt.reshape(b * t)
-    if decode_weights is not None:
-      y_nd = _dispatch.decode_forward(x_nd, idx_nk, w_nk, decode_weights,
-                                      act=m.activation, valid_n=valid_n)
-      keep_nk = jnp.ones(idx_nk.shape, bool)
-    else:
-      y_nd, keep_nk = self._experts(x_nd, idx_nk, w_nk,
-                                    self._weights(x_btd.dtype), valid_n,
-                                    dispatch or m.dispatch, capacity)
+    y_nd, keep_nk = self.experts(x_nd, idx_nk, w_nk, valid_n,
+                                 dispatch=dispatch, capacity=capacity)
     if self.shared is not None:
       y_nd = y_nd + self.shared(x_nd)
 
@@ -153,20 +139,27 @@ class MoE(nnx.Module):
     stats['expert_idx'] = idx_nk.reshape(b, t, -1)
     return y_nd.reshape(b, t, d), stats
 
-  def _weights(self, dt):
+  def route_tokens(self, x_nd: jax.Array, expert_idx_nk: jax.Array | None = None):
+    """The router on tokens [N, D]: (logits [N, E], scores, idx [N, k], weights [N, k])."""
+    m = self.cfg
+    logits = x_nd.astype(jnp.float32) @ self.router_de[...]
+    bias = None if self.expert_bias is None else self.expert_bias[...]
+    scores, idx_nk, w_nk = route(
+        logits, score_fn=m.score_fn, top_k=m.top_k, renormalize=m.renormalize,
+        routed_scale=m.routed_scale, bias_e=bias, expert_idx_nk=expert_idx_nk)
+    return logits, scores, idx_nk, w_nk
+
+  def expert_weights(self, dt):
+    """(w_gate [E, D, F], w_up or None, w_down [E, F, D]) in dtype `dt`."""
     return (self.w_gate_edf[...].astype(dt),
             None if self.w_up_edf is None else self.w_up_edf[...].astype(dt),
             self.w_down_efd[...].astype(dt))
 
-  def decode_weights(self, dtype, num_tokens: int, *, use_kernel: bool = True
-                     ) -> _dispatch.DecodeWeights | None:
-    """The experts laid out for decoding `num_tokens` a step; None when sharded (then `dense`)."""
-    if self.ctx is not None:
-      return None
-    return _dispatch.decode_weights(self._weights(jnp.dtype(dtype)),
-                                    num_tokens, self.cfg.top_k,
-                                    act=self.cfg.activation,
-                                    use_kernel=use_kernel)
+  def experts(self, x_nd, idx_nk, w_nk, valid_n=None, *,
+              dispatch: str | None = None, capacity: int | None = None):
+    """The routed experts on tokens [N, D]: ([N, D], [N, k] kept), sharded if the model is."""
+    return self._experts(x_nd, idx_nk, w_nk, self.expert_weights(x_nd.dtype),
+                         valid_n, dispatch or self.cfg.dispatch, capacity)
 
   def _experts(self, x_nd, idx_nk, w_nk, ws, valid_n, dispatch, capacity):
     m = self.cfg

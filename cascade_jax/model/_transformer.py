@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -46,6 +45,13 @@ class KVCache:
   @property
   def max_len(self) -> int:
     return self.positions.shape[1]
+
+  def written(self, positions_bt, segment_ids_bt) -> tuple[jax.Array, jax.Array]:
+    """(positions, segment_ids) [B, S] once T new tokens are written at `index`."""
+    put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(
+        buf, x.astype(jnp.int32), self.index, axis=1)
+    return put(self.positions, positions_bt), put(self.segment_ids,
+                                                  segment_ids_bt)
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int,
@@ -110,12 +116,8 @@ class Transformer(nnx.Module):
                cache: KVCache | None = None,
                expert_idx: jax.Array | None = None,
                return_hidden: bool = False,
-               router_stats: bool = True,
                moe_dispatch: str | None = None,
                moe_capacity: int | None = None,
-               moe_decode_weights: Sequence[Any] | None = None,
-               rope_cs: tuple[jax.Array, jax.Array] | None = None,
-               last_logits_only: bool = False,
                ) -> tuple[jax.Array, dict[str, Any]]:
     """Runs the model.
 
@@ -124,31 +126,20 @@ class Transformer(nnx.Module):
       positions_bt: [B, T] positions (restart at 0 in each packed segment);
         default arange(T), or continuing the cache.
       segment_ids_bt: [B, T] packed-segment ids, 0 = padding; default 1.
-      cache: a KVCache to attend over and write into (prefill / decode).
+      cache: a KVCache to attend over and write into (the sampler has its
+        own forward over the cache: `cascade_jax.rollout`).
       expert_idx: [L_moe, B, T, k] experts to use in each MoE layer instead of
         the router's choice (replaying a rollout's routing).
       return_hidden: also return the final normed hidden states.
-      router_stats: compute the routers' load / aux-loss statistics (the
-        sampler's decode steps skip them; 'expert_idx' is always returned).
       moe_dispatch: overrides the MoE layers' configured dispatch path.
       moe_capacity: slots per expert for the `capacity` / `dropless` paths
         (e.g. `replay_capacity` of a replayed routing: then nothing drops).
-      moe_decode_weights: from `decode_weights()`: run the MoE layers'
-        exact decode path with these weights (entries None: as usual).
-      rope_cs: `rope_tables(positions_bt, ...)`, precomputed (the sampler
-        computes every step's outside its loop: inside, XLA fuses the sines
-        and cosines into each layer's rotations, i.e. recomputes them 2L
-        times a step).
-      last_logits_only: logits of the last position alone, [B, 1, V] (a
-        prefill needs no more: at batch 64 x 32 prompt tokens the output
-        head over every position was ~1 GFLOP).
 
     Returns:
-      (logits [B, T, V] fp32 ([B, 1, V] with `last_logits_only`), info)
-      where info has 'aux_loss' (scalar sum of router aux losses), 'router'
-      (per MoE layer stats stacked on axis 0: load [L, E], dropped [L],
-      seq_aux [L], z_loss [L]), 'expert_idx' [L_moe, B, T, k], 'cache'
-      (updated, if one was given), 'hidden'.
+      (logits [B, T, V] fp32, info) where info has 'aux_loss' (scalar sum of
+      router aux losses), 'router' (per MoE layer stats stacked on axis 0:
+      load [L, E], dropped [L], seq_aux [L], z_loss [L]), 'expert_idx'
+      [L_moe, B, T, k], 'cache' (updated, if one was given), 'hidden'.
     """
     cfg = self.cfg
     b, t = tokens_bt.shape
@@ -158,26 +149,14 @@ class Transformer(nnx.Module):
       start = 0 if cache is None else cache.index
       positions_bt = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32),
                                       (b, t))
-    dt = jnp.dtype(cfg.dtype)
-    table = self.embed_vd[...]
-    if self.ctx is not None:
-      # FSDP-style: gather the table before the lookup, so that the lookup's
-      # output can follow the batch sharding (a sharded-table gather cannot).
-      table = self.ctx.constrain(table, (None, None))
-    x = jnp.take(table, tokens_bt, axis=0).astype(dt)
-    x = self._constrain(x)
-
+    x = self.embed(tokens_bt)
     if cache is not None:
-      cache_pos = jax.lax.dynamic_update_slice_in_dim(
-          cache.positions, positions_bt.astype(jnp.int32), cache.index, axis=1)
-      cache_seg = jax.lax.dynamic_update_slice_in_dim(
-          cache.segment_ids, segment_ids_bt.astype(jnp.int32), cache.index,
-          axis=1)
+      cache_pos, cache_seg = cache.written(positions_bt, segment_ids_bt)
     new_k, new_v, routers = [], [], []
     valid = segment_ids_bt != 0
     # Shared by every attention layer: computed once, not once per layer.
-    if rope_cs is None and cfg.use_rope:
-      rope_cs = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
+    rope_cs = (rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
+               if cfg.use_rope else None)
     if cache is None:
       mask = attention_mask(positions_bt, segment_ids_bt, positions_bt,
                             segment_ids_bt)
@@ -197,55 +176,58 @@ class Transformer(nnx.Module):
         new_k.append(kk)
         new_v.append(vv)
       elif blk.kind == MOE:
-        i = len(routers)
-        replay = None if expert_idx is None else expert_idx[i]
-        h, stats = blk.mixer(
-            h, valid_bt=valid, expert_idx_btk=replay, with_stats=router_stats,
-            dispatch=moe_dispatch, capacity=moe_capacity, decode_weights=(
-                None if moe_decode_weights is None else moe_decode_weights[i]))
+        replay = None if expert_idx is None else expert_idx[len(routers)]
+        h, stats = blk.mixer(h, valid_bt=valid, expert_idx_btk=replay,
+                             dispatch=moe_dispatch, capacity=moe_capacity)
         routers.append(stats)
       else:
         h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
-      x = self._constrain(x + h)
+      x = self.constrain(x + h)
 
     x = self.final_norm(x)
-    head = (self.embed_vd[...].T if self.head_dv is None else self.head_dv[...])
-    x_out = x[:, -1:] if last_logits_only else x
-    logits = (x_out.reshape(-1, x.shape[-1]) @ head.astype(dt)).reshape(
-        b, x_out.shape[1], -1)
+    logits = self._head(x)
     info: dict[str, Any] = {'aux_loss': jnp.zeros((), jnp.float32)}
     if routers:
       stacked = {k: jnp.stack([r[k] for r in routers]) for k in routers[0]}
       info['expert_idx'] = stacked.pop('expert_idx')
-      if router_stats:
-        info['aux_loss'] = stacked.pop('aux_loss').sum()
-        info['router'] = stacked
+      info['aux_loss'] = stacked.pop('aux_loss').sum()
+      info['router'] = stacked
     if cache is not None:
       info['cache'] = KVCache(k=tuple(new_k), v=tuple(new_v),
                               positions=cache_pos, segment_ids=cache_seg,
                               index=cache.index + t)
     if return_hidden:
       info['hidden'] = x
-    return logits.astype(jnp.float32), info
+    return logits, info
 
-  def _constrain(self, x_btd):
+  def embed(self, tokens_bt: jax.Array) -> jax.Array:
+    """Token embeddings [B, T, D] in the compute dtype."""
+    table = self.embed_vd[...]
+    if self.ctx is not None:
+      # FSDP-style: gather the table before the lookup, so that the lookup's
+      # output can follow the batch sharding (a sharded-table gather cannot).
+      table = self.ctx.constrain(table, (None, None))
+    x = jnp.take(table, tokens_bt, axis=0).astype(jnp.dtype(self.cfg.dtype))
+    return self.constrain(x)
+
+  def unembed(self, x_btd: jax.Array) -> jax.Array:
+    """Final norm and output head: logits [B, T, V] fp32."""
+    return self._head(self.final_norm(x_btd))
+
+  def _head(self, x_btd):
+    b, t, d = x_btd.shape
+    head = (self.embed_vd[...].T if self.head_dv is None else self.head_dv[...])
+    logits = x_btd.reshape(b * t, d) @ head.astype(x_btd.dtype)
+    return logits.reshape(b, t, -1).astype(jnp.float32)
+
+  def constrain(self, x_btd):
+    """Residual-stream activations [B, T, D] sharded by batch (no-op unsharded)."""
     if self.ctx is None:
       return x_btd
     return self.ctx.constrain(x_btd, ('batch', 'seq', None))
 
   def moe_layers(self) -> list[MoE]:
     return [blk.mixer for blk in self.blocks if blk.kind == MOE]
-
-  def decode_weights(self, num_tokens: int, *, use_kernel: bool = True
-                     ) -> list[Any]:
-    """Every MoE layer's experts laid out for decoding `num_tokens` a step (`MoE.decode_weights`).
-
-    Computed once per generation, outside the decode loop. `use_kernel`:
-    whether the CPU MoE kernel (`cascade_jax.kernels`) may run.
-    """
-    return [moe.decode_weights(self.cfg.dtype, num_tokens,
-                               use_kernel=use_kernel)
-            for moe in self.moe_layers()]
 
   def update_expert_biases(self, load_le: jax.Array, rate: float) -> None:
     """Applies the aux-loss-free balancing step to every MoE layer (in place).

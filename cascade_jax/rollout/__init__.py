@@ -1,5 +1,12 @@
 """The rollout engine: jitted KV-cache sampling shared by RL and evaluation."""
 
+from cascade_jax.rollout._benchmark import moe_decode_benchmark
+from cascade_jax.rollout._decode import decode_forward
+from cascade_jax.rollout._decode import decode_weights
+from cascade_jax.rollout._decode import DecodeWeights
+from cascade_jax.rollout._decode import forward
+from cascade_jax.rollout._decode import model_decode_weights
+from cascade_jax.rollout._decode import PREFILL_ROWS_PER_EXPERT
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import generate_padded
 from cascade_jax.rollout._sampler import keep_top_n

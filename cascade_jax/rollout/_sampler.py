@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cascade_jax import kernels
 from cascade_jax import model as model_lib
+from cascade_jax import ops
+from cascade_jax.rollout import _decode
 
 _NEG = -1e30
 _TRACES = [0]
@@ -80,21 +81,6 @@ def process_logits(logits, cfg: SampleConfig):
   return logits
 
 
-def _argmax(x_bv):
-  """jnp.argmax over the last axis (first index of the maximum).
-
-  XLA:CPU runs jnp.argmax's (value, index) reduction as scalar code; the
-  two plain reductions below (a max, then the least index equal to it)
-  still took ~0.13 ms of a batch-64 decode step over 1024 logits. On the
-  CPU in fp32 a kernel does it (`kernels.argmax`).
-  """
-  if kernels.argmax_available(x_bv.dtype):
-    return kernels.argmax(x_bv)
-  top = jnp.max(x_bv, axis=-1, keepdims=True)
-  idx = jnp.arange(x_bv.shape[-1], dtype=jnp.int32)
-  return jnp.min(jnp.where(x_bv == top, idx, x_bv.shape[-1]), axis=-1)
-
-
 def truncates(cfg: SampleConfig) -> bool:
   """Whether sampling keeps only part of the vocabulary (top-k or top-p)."""
   return bool(cfg.top_k) or cfg.top_p < 1.0
@@ -122,14 +108,14 @@ def _select(logits, key, cfg: SampleConfig):
   """Next token, its log-prob under the sampling distribution, and the kept-set size."""
   v = logits.shape[-1]
   if cfg.temperature == 0.0:
-    tok = _argmax(logits)
+    tok = ops.argmax(logits)
     return tok, jnp.zeros(tok.shape, jnp.float32), jnp.full(tok.shape, v)
   processed = process_logits(logits, cfg)
   logp = jax.nn.log_softmax(processed, axis=-1)
   kept = (jnp.sum(processed > _NEG / 2, axis=-1, dtype=jnp.int32)
           if truncates(cfg) else jnp.full(logits.shape[:-1], v, jnp.int32))
   # Gumbel-max: the same draw as jax.random.categorical(key, logp).
-  tok = _argmax(jax.random.gumbel(key, logp.shape, logp.dtype) + logp)
+  tok = ops.argmax(jax.random.gumbel(key, logp.shape, logp.dtype) + logp)
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], kept
 
 
@@ -150,11 +136,10 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     cache = jax.tree.map(jnp.zeros_like, cache_buffers)
   # The experts laid out once for the decode steps' b tokens (exact paths,
   # no per-step weight copies); the prefill uses the same arrays.
-  decode_ws = model.decode_weights(b)
-  logits, info = model(prompt_bp, positions_bt=jnp.maximum(pos, 0),
-                       segment_ids_bt=seg, cache=cache, router_stats=False,
-                       moe_dispatch='dense', moe_decode_weights=decode_ws,
-                       last_logits_only=True)
+  decode_ws = _decode.model_decode_weights(model, b)
+  logits, cache, prompt_experts = _decode.forward(
+      model, prompt_bp, positions_bt=jnp.maximum(pos, 0), segment_ids_bt=seg,
+      cache=cache, layouts=decode_ws, last_logits_only=True)
   n_moe = model.cfg.pattern.count('E')
   k_top = model.cfg.moe.top_k if n_moe else 0
   experts0 = jnp.zeros((n_moe, b, n, k_top), jnp.int32)
@@ -183,25 +168,23 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     t, tok, cache, key, toks, lps, kept, experts, done = c
     rope_t = (tuple(jax.lax.dynamic_slice_in_dim(x, t - 1, 1, axis=1)
                     for x in rope_all) if model.cfg.use_rope else None)
-    logits, info = model(tok[:, None],
-                         positions_bt=(prompt_len_b + t - 1)[:, None],
-                         segment_ids_bt=jnp.ones((b, 1), jnp.int32),
-                         cache=cache, router_stats=False,
-                         moe_dispatch='dense', moe_decode_weights=decode_ws,
-                         rope_cs=rope_t)
+    logits, cache, step_experts = _decode.forward(
+        model, tok[:, None], positions_bt=(prompt_len_b + t - 1)[:, None],
+        segment_ids_bt=jnp.ones((b, 1), jnp.int32), cache=cache,
+        layouts=decode_ws, rope_cs=rope_t)
     if record_experts and n_moe:
       # The experts that consumed token t - 1: the training forward pass
       # over the sampled sequence routes that token with these.
-      experts = experts.at[:, :, t - 1].set(info['expert_idx'][:, :, 0])
+      experts = experts.at[:, :, t - 1].set(step_experts[:, :, 0])
     tok, key, toks, lps, kept, done = choose(t, logits[:, -1], key, toks, lps,
                                              kept, done)
-    return (t + 1, tok, info['cache'], key, toks, lps, kept, experts, done)
+    return (t + 1, tok, cache, key, toks, lps, kept, experts, done)
 
   tok, key, toks, lps, kept, done = choose(
       0, logits[:, -1], key, jnp.full((b, n), pad_id, jnp.int32),
       jnp.zeros((b, n), jnp.float32),
       jnp.full((b, n), model.cfg.vocab_size, jnp.int32), jnp.zeros((b,), bool))
-  init = (jnp.ones((), jnp.int32), tok, info['cache'], key, toks, lps, kept,
+  init = (jnp.ones((), jnp.int32), tok, cache, key, toks, lps, kept,
           experts0, done)
   t, _, cache, _, toks, lps, kept, experts, done = jax.lax.while_loop(
       cond, body, init)
@@ -210,7 +193,8 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   has_stop = jnp.any(toks == stop_id, axis=1)
   length = jnp.where(has_stop, stop_at + 1, t)
   mask = (steps < length[:, None]).astype(jnp.int32)
-  prompt_experts = info.get('expert_idx') if record_experts and n_moe else None
+  if not (record_experts and n_moe):
+    prompt_experts = None
   return Rollout(tokens=toks, logprobs=lps * mask, mask=mask,
                  truncated=~has_stop, kept=kept,
                  expert_idx=(jnp.concatenate([prompt_experts, experts], 2)

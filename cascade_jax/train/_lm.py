@@ -5,11 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def token_logprobs(logits_btv: jax.Array, targets_bt: jax.Array) -> jax.Array:
-  """log p(target) per position, fp32: [B, T]."""
-  logp = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
-  return jnp.take_along_axis(logp, targets_bt[..., None], axis=-1)[..., 0]
+from cascade_jax.ops import token_logprobs
 
 
 def token_entropy(logits_btv: jax.Array) -> jax.Array:

@@ -1,0 +1,32 @@
+"""One function per heavy op; each picks its implementation by backend and dtype.
+
+  grouped_matmul   xla (CPU) | tokamax (GPU, TPU)
+  attention        xla (CPU, fp32) | cudnn (GPU) | splash (TPU) | tokamax
+  cache_attention  xla | cpu_kernel (CPU fp32, where measured faster)
+  moe_decode       xla (the sampler's layouts) | cpu_kernel (likewise)
+  argmax           xla | cpu_kernel (likewise)
+  token_logprobs   xla
+
+`selected()` says what ran; `configure(attention='xla')`, a config's `ops`
+section or CASCADE_JAX_OPS='attention=xla' forces a choice. The reference
+of each op is its 'xla' implementation; tests hold the others equal to it.
+"""
+
+from cascade_jax.ops._attention import apply_rope
+from cascade_jax.ops._attention import attention
+from cascade_jax.ops._attention import attention_mask
+from cascade_jax.ops._attention import cache_attention
+from cascade_jax.ops._attention import rms_norm
+from cascade_jax.ops._cpu import calibration as cpu_kernel_calibration
+from cascade_jax.ops._cpu import kernel_enabled as cpu_kernel_enabled
+from cascade_jax.ops._decode import argmax
+from cascade_jax.ops._decode import moe_decode_uses_kernel
+from cascade_jax.ops._decode import moe_ffn
+from cascade_jax.ops._logprobs import token_logprobs
+from cascade_jax.ops._matmul import grouped_matmul
+from cascade_jax.ops._registry import configure
+from cascade_jax.ops._registry import forced
+from cascade_jax.ops._registry import IMPLEMENTATIONS
+from cascade_jax.ops._registry import parse
+from cascade_jax.ops._registry import reset_selected
+from cascade_jax.ops._registry import selected

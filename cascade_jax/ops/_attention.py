@@ -1,0 +1,262 @@
+"""Attention: over a sequence (training, scoring, prefill) and over a KV cache (decoding).
+
+`attention` implementations:
+- 'xla': two einsums around a masked fp32 softmax; the reference and the
+  CPU default (and fp32 anywhere: the fused kernels are bf16 / fp16).
+- 'cudnn': `jax.nn.dot_product_attention(implementation='cudnn')`, cuDNN's
+  fused flash attention (GPU, bf16 / fp16, head_dim a multiple of 8 up to
+  128), with the packed-segment mask passed as a mask (cuDNN adds it as a
+  bias) and GQA native.
+- 'tokamax': `tokamax.dot_product_attention` (its Pallas / Triton kernels
+  where they apply, else XLA), GPU and TPU.
+- 'splash': Pallas splash attention (TPU), causal by position inside each
+  segment, GQA by the multi-query kernel per kv head; sequence lengths a
+  multiple of 128.
+On GPU 'auto' takes cuDNN, then tokamax; on TPU splash, then tokamax; XLA
+otherwise. All equal the reference on every position that sees a key (a
+padding query, which sees none, is undefined: each implementation fills it
+differently and nothing reads it).
+
+`cache_attention` implementations: 'cpu_kernel' (CPU, fp32, unsharded, where
+`_cpu` finds it faster) writes the new keys / values into the cache in
+place and attends over the used slots; 'xla' otherwise (decoding reads the
+cache once per step: memory-bound, where a fused kernel gains little).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from cascade_jax import kernels
+from cascade_jax.ops import _cpu
+from cascade_jax.ops import _registry
+
+_NEG_INF = -1e30  # finite: a query with no visible key (padding) gets no NaN
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) * scale over the last axis, in fp32, returned in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  y = x32 * jax.lax.rsqrt(var + eps) * scale.astype(jnp.float32)
+  return y.astype(x.dtype)
+
+
+def apply_rope(x_btnh: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotary embedding, "rotate half" layout (Llama / Qwen); cos, sin [B, T, 1, H/2]."""
+  h = x_btnh.shape[-1]
+  x = x_btnh.astype(jnp.float32)
+  x1, x2 = x[..., : h // 2], x[..., h // 2:]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_btnh.dtype)
+
+
+def attention_mask(q_pos_bt, q_seg_bt, k_pos_bs, k_seg_bs) -> jax.Array:
+  """[B, T, S]: same non-zero segment, and key position <= query position.
+
+  Positions restart in each packed segment, so within a segment the position
+  test is the causal test; segment id 0 marks padding / empty cache slots.
+  """
+  same = q_seg_bt[:, :, None] == k_seg_bs[:, None, :]
+  valid = (k_seg_bs != 0)[:, None, :]
+  causal = k_pos_bs[:, None, :] <= q_pos_bt[:, :, None]
+  return same & valid & causal
+
+
+def _masked_softmax(logits, mask, scale: float, dtype):
+  logits = jnp.where(mask, logits * scale, _NEG_INF)
+  return jax.nn.softmax(logits, axis=-1).astype(dtype)
+
+
+# ----------------------------------------------------------- over a sequence
+
+
+def _xla(q, k, v, mask_bts, scale):
+  b, t, n, h = q.shape
+  kh = k.shape[2]
+  q = q.reshape(b, t, kh, n // kh, h)
+  logits = jnp.einsum('btkgh,bskh->bkgts', q, k,
+                      preferred_element_type=jnp.float32)
+  probs = _masked_softmax(logits, mask_bts[:, None, None], scale, q.dtype)
+  out = jnp.einsum('bkgts,bskh->btkgh', probs, v)
+  return out.reshape(b, t, n, h)
+
+
+def _cudnn(q, k, v, mask_bts, scale):
+  return jax.nn.dot_product_attention(q, k, v, mask=mask_bts[:, None],
+                                      scale=scale, implementation='cudnn')
+
+
+def _tokamax(q, k, v, mask_bts, scale):
+  import tokamax  # pylint: disable=g-import-not-at-top
+  return tokamax.dot_product_attention(q, k, v, mask=mask_bts[:, None],
+                                       scale=scale)
+
+
+def _splash(q, k, v, q_seg, k_seg, scale):
+  """Splash attention per batch row and kv head (multi-query over its G query heads)."""
+  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as sk)
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_mask as sm)
+  b, t, n, h = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  g = n // kh
+  mask = sm.MultiHeadMask([sm.CausalMask((t, s)) for _ in range(g)])
+  kernel = sk.make_splash_mqa_single_device(mask)
+  qs = (q * scale).reshape(b, t, kh, g, h).transpose(0, 2, 3, 1, 4)  # B K G T H
+  ks = k.transpose(0, 2, 1, 3)                                        # B K S H
+  vs = v.transpose(0, 2, 1, 3)
+
+  def one(q_gth, k_sh, v_sh, qseg, kseg):
+    return kernel(q_gth, k_sh, v_sh, segment_ids=sk.SegmentIds(qseg, kseg))
+  per_head = jax.vmap(one, in_axes=(0, 0, 0, None, None))
+  out = jax.vmap(per_head)(qs, ks, vs, q_seg, k_seg)                  # B K G T H
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _tokamax_available() -> bool | str:
+  try:
+    import tokamax  # noqa: F401  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    return f'tokamax does not import here ({e})'
+  return True
+
+
+def _attention_candidates(q, k, packed_causal: bool):
+  backend = jax.default_backend()
+  half = q.dtype in (jnp.bfloat16, jnp.float16)
+  h, t, s = q.shape[-1], q.shape[1], k.shape[1]
+  on_gpu = backend == 'gpu' or f'needs a GPU (backend {backend})'
+  cudnn = on_gpu
+  if cudnn is True and not half:
+    cudnn = f'cuDNN flash attention takes bf16 / fp16, not {q.dtype}'
+  elif cudnn is True and (h % 8 or h > 128):
+    cudnn = f'cuDNN flash attention needs head_dim % 8 == 0, <= 128 ({h})'
+  splash = backend == 'tpu' or f'needs a TPU (backend {backend})'
+  if splash is True and (t % 128 or s % 128):
+    splash = f'splash needs sequence lengths that are multiples of 128 ({t}, {s})'
+  elif splash is True and not packed_causal:
+    splash = 'splash takes segment ids and a causal mask, not a general mask'
+  tok = (backend in ('gpu', 'tpu')) or f'tokamax kernels need GPU / TPU ({backend})'
+  if tok is True:
+    tok = _tokamax_available()
+  return [('cudnn', cudnn), ('splash', splash), ('tokamax', tok),
+          ('xla', True)]
+
+
+def attention(q_btnh, k_bskh, v_bskh, *, scale: float,
+              mask_bts: jax.Array | None = None,
+              segment_ids: tuple[jax.Array, jax.Array] | None = None,
+              positions: tuple[jax.Array, jax.Array] | None = None):
+  """Grouped-query attention of T queries over S keys.
+
+  Args:
+    q_btnh: [B, T, N, H] queries (QK-norm and RoPE applied).
+    k_bskh, v_bskh: [B, S, K, H] keys / values, N a multiple of K.
+    scale: the logits' scale.
+    mask_bts: [B, T, S] which keys each query sees; if None, built from
+      `segment_ids` and `positions` (q's and k's) by `attention_mask`.
+    segment_ids, positions: (q [B, T], k [B, S]) each; with them splash can
+      run (its mask is causal by index inside each segment, which is the
+      position test for packed rows whose positions count up from 0).
+
+  Returns:
+    [B, T, N, H] in q's dtype.
+  """
+  packed = segment_ids is not None and positions is not None
+  if mask_bts is None:
+    if not packed:
+      raise ValueError('attention: give mask_bts, or segment_ids and positions')
+    mask_bts = attention_mask(positions[0], segment_ids[0], positions[1],
+                              segment_ids[1])
+  name = _registry.pick('attention', _attention_candidates(
+      q_btnh, k_bskh, packed), dtype=q_btnh.dtype)
+  if name == 'cudnn':
+    return _cudnn(q_btnh, k_bskh, v_bskh, mask_bts, scale)
+  if name == 'tokamax':
+    return _tokamax(q_btnh, k_bskh, v_bskh, mask_bts, scale)
+  if name == 'splash':
+    return _splash(q_btnh, k_bskh, v_bskh, segment_ids[0], segment_ids[1],
+                   scale)
+  return _xla(q_btnh, k_bskh, v_bskh, mask_bts, scale)
+
+
+# ------------------------------------------------------------- over a cache
+
+
+def _cache_xla(q, k_new, v_new, cache_k, cache_v, mask_bts, index, scale):
+  b, t, n, h = q.shape
+  kh = cache_k.shape[1]
+  g = n // kh
+  dt = q.dtype
+  keys = jax.lax.dynamic_update_slice_in_dim(
+      cache_k, k_new.transpose(0, 2, 3, 1).astype(cache_k.dtype), index, axis=3)
+  values = jax.lax.dynamic_update_slice_in_dim(
+      cache_v, v_new.transpose(0, 2, 1, 3).astype(cache_v.dtype), index, axis=2)
+  # Queries as [B, K, T*G, H]: one plain batched matmul per kv head over
+  # the cache (for decoding, T = 1, ~1.7x faster on XLA:CPU than the
+  # five-axis einsum with G and T as separate dot dimensions).
+  q = q.reshape(b, t, kh, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, h)
+  logits = jnp.einsum('bkqh,bkhs->bkqs', q, keys.astype(dt),
+                      preferred_element_type=jnp.float32)
+  probs = _masked_softmax(logits.reshape(b, kh, t, g, -1),
+                          mask_bts[:, None, :, None], scale, dt)
+  probs = probs.reshape(b, kh, t * g, -1)
+  out = jnp.einsum('bkqs,bksh->bkqh', probs, values.astype(dt))
+  out = out.reshape(b, kh, t, g, h).transpose(0, 2, 1, 3, 4)
+  return out.reshape(b, t, n, h), keys, values
+
+
+def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
+                    mask_bts, index, *, scale: float,
+                    qk_norm: tuple[jax.Array, jax.Array] | None = None,
+                    norm_eps: float = 0.0,
+                    rope: tuple[jax.Array, jax.Array] | None = None,
+                    sharded: bool = False):
+  """Writes T new keys / values into the cache at `index`, then attends over it.
+
+  The cache is (keys [B, K, H, S], values [B, K, S, H]): batch and head axes
+  major, so that a decode step's two dots read it in place, keys with the
+  slot axis minor, so that q . k is a plain [T*G, H] @ [H, S] matmul.
+
+  Args:
+    q_btnh: [B, T, N, H] queries; k_new_btkh, v_new_btkh: [B, T, K, H]; q
+      and k before the QK-norm and RoPE, which are applied here.
+    cache_k_bkhs, cache_v_bksh: the cache; mask_bts: [B, T, S] slots each new
+      token sees (the written slots included); index: [] first slot to write.
+    qk_norm: (w_q [H], w_k [H]) RMSNorm scales, or None; rope: (cos, sin)
+      [B, T, 1, H/2] each, or None.
+    sharded: the arrays are sharded over a mesh (a custom call has no SPMD
+      rule, so the CPU kernel does not run).
+
+  Returns:
+    (out [B, T, N, H] in q's dtype, new cache keys, new cache values).
+  """
+  kernel = _cpu.kernel_enabled('cache_attention')
+  if kernel is True and (cache_k_bkhs.dtype != jnp.float32 or
+                         q_btnh.dtype != jnp.float32):
+    kernel = 'the CPU kernel is fp32 only'
+  elif kernel is True and sharded:
+    kernel = 'a sharded cache (a custom call has no SPMD rule)'
+  name = _registry.pick('cache_attention', [('cpu_kernel', kernel),
+                                            ('xla', True)],
+                        dtype=q_btnh.dtype)
+  if name == 'cpu_kernel':
+    out, ck, cv = kernels.cache_attention(
+        q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts,
+        index, scale=scale, qk_norm=qk_norm, norm_eps=norm_eps, rope=rope)
+    return out.astype(q_btnh.dtype), ck, cv
+  q, k = q_btnh, k_new_btkh
+  if qk_norm is not None:
+    q, k = rms_norm(q, qk_norm[0], norm_eps), rms_norm(k, qk_norm[1], norm_eps)
+  if rope is not None:
+    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+  return _cache_xla(q, k, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts,
+                    index, scale)
+
+
+__all__ = ['apply_rope', 'attention', 'attention_mask', 'cache_attention',
+           'rms_norm']

@@ -1,0 +1,148 @@
+"""Which implementation each op runs: picked per backend and dtype, recorded, forceable.
+
+Every heavy op (`grouped_matmul`, `attention`, `cache_attention`,
+`moe_decode`, `argmax`, `token_logprobs`) asks `pick` at trace time. `pick`
+takes the first candidate that is available for the call (backend, dtype,
+shapes) unless the op is forced, by `configure` (a config's `ops` section)
+or the environment (CASCADE_JAX_OPS="attention=xla,grouped_matmul=tokamax"),
+and records the choice, so that a run can say what it ran (`selected`).
+
+A forced implementation that cannot run here is an error that names the
+reason, not a silent fallback: a benchmark that asked for cuDNN must not
+time XLA.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
+
+import jax
+
+ENV = 'CASCADE_JAX_OPS'
+AUTO = 'auto'
+
+# op -> its implementations; the first is the reference (plain JAX / XLA).
+IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
+    'grouped_matmul': ('xla', 'tokamax'),
+    'attention': ('xla', 'cudnn', 'tokamax', 'splash'),
+    'cache_attention': ('xla', 'cpu_kernel'),
+    'moe_decode': ('xla', 'cpu_kernel'),
+    'argmax': ('xla', 'cpu_kernel'),
+    'token_logprobs': ('xla',),
+}
+
+_lock = threading.Lock()
+_forced: dict[str, str] = {}
+_picked: dict[str, collections.Counter] = collections.defaultdict(
+    collections.Counter)
+
+
+def _check(op: str, name: str) -> None:
+  if op not in IMPLEMENTATIONS:
+    raise ValueError(f'ops: unknown op {op!r}; known: {sorted(IMPLEMENTATIONS)}')
+  if name != AUTO and name not in IMPLEMENTATIONS[op]:
+    raise ValueError(f'ops: {op} has no implementation {name!r}; choose '
+                     f'from {(AUTO,) + IMPLEMENTATIONS[op]}')
+
+
+def parse(spec: str) -> dict[str, str]:
+  """'attention=xla,grouped_matmul=tokamax' -> {'attention': 'xla', ...}, checked."""
+  out = {}
+  for item in filter(None, (s.strip() for s in spec.split(','))):
+    op, sep, name = item.partition('=')
+    if not sep:
+      raise ValueError(f'ops: {item!r} is not op=implementation (in {spec!r})')
+    _check(op.strip(), name.strip())
+    out[op.strip()] = name.strip()
+  return out
+
+
+def configure(**choices: str) -> None:
+  """Forces implementations, e.g. configure(attention='xla'); 'auto' un-forces.
+
+  Takes effect at the next trace: a function already jitted keeps the
+  choice it was traced with.
+  """
+  for op, name in choices.items():
+    _check(op, name)
+  with _lock:
+    for op, name in choices.items():
+      if name == AUTO:
+        _forced.pop(op, None)
+      else:
+        _forced[op] = name
+
+
+@contextlib.contextmanager
+def forced(**choices: str) -> Iterator[None]:
+  """`configure` for the duration of a with-block (tests, benchmarks)."""
+  with _lock:
+    before = dict(_forced)
+  configure(**choices)
+  try:
+    yield
+  finally:
+    with _lock:
+      _forced.clear()
+      _forced.update(before)
+
+
+def forced_choice(op: str) -> str:
+  """The implementation `op` is forced to, or 'auto'."""
+  _check(op, AUTO)
+  with _lock:
+    return _forced.get(op, AUTO)
+
+
+def pick(op: str, candidates: Sequence[tuple[str, bool | str]], *,
+         dtype=None) -> str:
+  """The implementation to run for this call, recorded.
+
+  Args:
+    op: a key of IMPLEMENTATIONS.
+    candidates: (name, True or why it cannot run here) in order of
+      preference; the reference ('xla') should come last as the fallback.
+    dtype: the call's dtype, for the record.
+  """
+  _check(op, AUTO)
+  want = forced_choice(op)
+  why = dict(candidates)
+  if want != AUTO:
+    ok = why.get(want, 'not a candidate for this call')
+    if ok is not True:
+      raise ValueError(f'ops: {op} is forced to {want!r}, which cannot run '
+                       f'here: {ok} (backend {jax.default_backend()}, '
+                       f'dtype {dtype}); force another or set it to auto')
+    name = want
+  else:
+    name = next((n for n, ok in candidates if ok is True), None)
+    if name is None:
+      raise ValueError(f'ops: no implementation of {op} can run here: {why}')
+  dt = 'any' if dtype is None else str(jax.numpy.dtype(dtype))
+  with _lock:
+    _picked[op][f'{name} ({jax.default_backend()}, {dt})'] += 1
+  return name
+
+
+def selected() -> dict[str, list[str]]:
+  """op -> the implementations picked so far in this process, as 'name (backend, dtype)'."""
+  with _lock:
+    return {op: sorted(c) for op, c in sorted(_picked.items())}
+
+
+def reset_selected() -> None:
+  with _lock:
+    _picked.clear()
+
+
+def _from_environment() -> None:
+  spec = os.environ.get(ENV, '')
+  if spec:
+    configure(**parse(spec))
+
+
+_from_environment()
