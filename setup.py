@@ -25,6 +25,9 @@ setuptools.setup(
         'math-verify>=0.7',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
+        # Pallas kernels for the MoE grouped matmul and attention on GPU / TPU
+        # (cascade_jax.ops); on CPU it runs XLA's ops.
+        'tokamax>=0.0.12',
     ],
     extras_require={
         # The local CPU wheel: any other torch version downloads gigabytes.

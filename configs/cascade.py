@@ -126,6 +126,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.order = DEFAULT_ORDER
+  # Forces cascade_jax.ops implementations, e.g. 'attention=xla,argmax=xla'
+  # (empty: each op picks by backend and dtype; CASCADE_JAX_OPS likewise).
+  c.ops = ''
   # Eval prompts per domain after each stage: at 128 two paired standard
   # errors of a stage's change were ~0.05-0.07, at 256 ~0.035-0.04.
   c.eval_n = 8 if quick else 256

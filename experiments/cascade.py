@@ -24,6 +24,7 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/cascade', 'Run directory.')
 def main(argv):
   del argv
   utils.quiet_logs()
+  utils.enable_compilation_cache()
   t0 = time.perf_counter()
   records = cascade.run(_CONFIG.value, _WORKDIR.value)
   out = report.cascade_report(_WORKDIR.value, records)

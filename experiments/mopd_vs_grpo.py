@@ -35,6 +35,7 @@ def steps_to_reach(steps, scores, target):
 def main(argv):
   del argv
   utils.quiet_logs()
+  utils.enable_compilation_cache()
   c, wd = _CONFIG.value, _WORKDIR.value
   os.makedirs(wd, exist_ok=True)
   with open(os.path.join(wd, 'config.json'), 'w') as f:

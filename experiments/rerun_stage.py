@@ -34,6 +34,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the rerun writes.',
 def main(argv):
   del argv
   utils.quiet_logs()
+  utils.enable_compilation_cache()
   rows = cascade.rerun_stage(_CONFIG.value, _RUN.value, _STAGE.value,
                              _WORKDIR.value, init_from=_INIT.value)
   print(utils.format_table(

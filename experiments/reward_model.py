@@ -21,6 +21,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.',
 def main(argv):
   del argv
   utils.quiet_logs()
+  utils.enable_compilation_cache()
   reward_model.train_run(_CONFIG.value, _WORKDIR.value)
 
 

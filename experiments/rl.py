@@ -20,6 +20,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.',
 def main(argv):
   del argv
   utils.quiet_logs()
+  utils.enable_compilation_cache()
   rl.run(_CONFIG.value, _WORKDIR.value)
 
 

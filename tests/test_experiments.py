@@ -53,3 +53,18 @@ def test_bench_rollout_quick_prints_both_tables(tmp_path):
   assert res['sampler'][0]['batch'] == 2 and res['sampler'][0]['same_tokens'] == 1
   assert res['moe_decode_layer_us'][0]['xla'] > 0
   assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
+
+
+def test_bench_accel_quick_runs_every_part_on_cpu(tmp_path):
+  # The H200 benchmark's code at CPU sizes: every row, and the ops it ran.
+  r = _run('experiments.bench_accel', '--config=configs/bench_accel.py:quick',
+           f'--workdir={tmp_path}')
+  assert r.returncode == 0, r.stderr
+  res = json.load(open(tmp_path / 'results.json'))
+  metrics = [row['metric'] for row in res['rows']]
+  assert any(m.startswith('MoE layer fwd+bwd, ragged') for m in metrics)
+  assert any(m.startswith('train step MFU') for m in metrics)
+  assert sum(m.startswith('decode batch 2') for m in metrics) == 2
+  assert all(row['value'] > 0 for row in res['rows'])
+  assert res['ops']['grouped_matmul'] == ['xla (cpu, float32)']
+  assert 'metric' in r.stdout and 'ops picked' in r.stdout

@@ -9,6 +9,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from cascade_jax import model
+from cascade_jax import ops
 from cascade_jax import sharding
 
 MESHES = {
@@ -76,6 +77,24 @@ def test_sharded_forward_and_grads_equal_single_device(mesh_name, dispatch):
   same = jax.tree.map(
       lambda g, p: g.sharding.is_equivalent_to(p.sharding, p.ndim), g1, params)
   assert all(jax.tree.leaves(same)), same
+
+
+@pytest.mark.parametrize('mesh_name', ['data2_expert4',
+                                       'fsdp2_expert2_tensor2'])
+def test_ragged_all_to_all_dispatch_equals_single_device(mesh_name):
+  # The GPU / TPU expert-parallel path of `ragged` (each pair to its
+  # expert's shard and back), with the collective emulated: CPU has no
+  # ragged_all_to_all. Forward and gradients equal the single device.
+  ctx = sharding.ShardingCtx(sharding.make_mesh(MESHES[mesh_name]))
+  l0, logits0, g0, _ = _reference('ragged')
+  ops.reset_selected()
+  with ops.forced(expert_exchange='ragged_all_to_all_emulated'):
+    l1, logits1, g1, _ = _loss_and_grads(_cfg('ragged'), ctx)
+  assert ops.selected()['expert_exchange'] == [
+      'ragged_all_to_all_emulated (cpu, float32)']
+  np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits1, logits0, rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(g1, g0, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('mesh_name', ['data2_expert4',

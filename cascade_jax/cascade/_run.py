@@ -19,6 +19,7 @@ import time
 import ml_collections
 
 from cascade_jax import domains
+from cascade_jax import ops
 from cascade_jax import reward_model
 from cascade_jax import rl
 from cascade_jax import rollout
@@ -74,6 +75,8 @@ def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
 def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   """Runs (or resumes) the cascade; returns every stage's record."""
   stages = plan(config)
+  if config.get('ops'):
+    ops.configure(**ops.parse(config.ops))
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     f.write(config.to_json_best_effort(indent=2))
@@ -98,6 +101,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     print(f'{head}: running', flush=True)
     t0 = time.perf_counter()
     extra = {}
+    ops.reset_selected()
     if st.kind == 'sft':
       sft.run(c, d)
     elif st.kind == 'reward_model':
@@ -115,7 +119,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
                train_s=train_s, eval_s=time.perf_counter() - t0,
                eval=dict(temperature=config.eval_temperature,
                          samples=config.eval_samples),
-               scores=scores, **extra)
+               scores=scores, ops=ops.selected(), **extra)
     with open(done + '.tmp', 'w') as f:
       json.dump(rec, f, indent=2)
     os.replace(done + '.tmp', done)   # a stage is done only once this exists

@@ -8,10 +8,12 @@ given, so the same code is the single-device path (no axes) and the
 expert-parallel path (inside `shard_map`).
 
 - `dense`: every local expert on every token; the reference.
-- `ragged`: dropless; assignments sorted by expert and fed to
-  `jax.lax.ragged_dot`. Under expert parallelism tokens are all-gathered over
-  the expert axis and results reduce-scattered back, which works on every
-  backend (CPU has no `ragged_all_to_all`).
+- `ragged`: dropless; assignments sorted by expert and fed to grouped
+  matmuls (`ops.grouped_matmul`). Under expert parallelism, on GPU / TPU
+  each (token, choice) pair travels to its expert's shard and back by
+  `ragged_all_to_all`; on CPU (no `ragged_all_to_all` there) tokens are
+  all-gathered over the expert axis and results reduce-scattered back
+  (`ops.expert_exchange` picks).
 - `capacity`: tokens gathered by index into [experts, capacity, embed]
   blocks (capacity = factor * tokens * top_k / experts, the overflow is
   dropped and counted), exchanged with `all_to_all` under expert parallelism.
@@ -31,6 +33,7 @@ the sampler, in `cascade_jax.rollout`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -162,6 +165,64 @@ def _ragged_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
   ys = ops.grouped_matmul(activation(act, g, u), w_down, group_sizes)
   y_ad = _gather_rows(ys, rank, order[:, None])
   y_ad = jnp.where(is_local[:, None], y_ad, 0)
+  return _combine(y_ad.reshape(n, k, -1), w_nk)
+
+
+def _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
+                       *, emulated):
+  """`ragged` under expert parallelism: each pair travels to its expert's shard and back.
+
+  Pairs sorted by expert are sorted by destination shard (experts are
+  contiguous per shard); a `ragged_all_to_all` sends each shard its slice,
+  the receiver groups what it got by local expert for the grouped matmuls,
+  and a second one returns the results to the pairs' owners. The receive
+  buffer holds ep x N x k rows (the worst case, every pair to one shard), as
+  MaxText's dropless path does without a capacity bound.
+  """
+  w_gate, w_up, w_down = ws
+  n, k = idx_nk.shape
+  d = x_nd.shape[-1]
+  e_loc = w_gate.shape[0]
+  ep = _axis_size(expert_axes)
+  a = n * k
+  exchange = functools.partial(ops.ragged_all_to_all, axes=expert_axes,
+                               emulated=emulated)
+  e_flat = idx_nk.reshape(a)
+  order = jnp.argsort(e_flat, stable=True)
+  rank = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
+  xs = _gather_rows(x_nd, order // k, rank.reshape(n, k))
+  e_sorted = e_flat[order]
+  send = jnp.bincount(e_flat // e_loc, length=ep).astype(jnp.int32)
+  in_off = jnp.cumsum(send) - send
+  gather_axis = expert_axes if len(expert_axes) > 1 else expert_axes[0]
+  sizes = jax.lax.all_gather(send, gather_axis, axis=0, tiled=False)  # [from, to]
+  me = _axis_index(expert_axes)
+  recv = sizes[:, me]
+  out_off = (jnp.cumsum(sizes, axis=0) - sizes)[me]   # after earlier senders
+  buf = ep * a
+  x_recv = exchange(xs, jnp.zeros((buf, d), xs.dtype), in_off, send, out_off,
+                    recv)
+  e_recv = exchange((e_sorted % e_loc).astype(jnp.int32),
+                    jnp.full((buf,), e_loc, jnp.int32), in_off, send, out_off,
+                    recv)
+  order2 = jnp.argsort(e_recv, stable=True)          # empty rows sort last
+  rank2 = jnp.zeros((buf,), jnp.int32).at[order2].set(
+      jnp.arange(buf, dtype=jnp.int32))
+  groups = jnp.bincount(e_recv, length=e_loc + 1)[:e_loc]
+  xr = _gather_rows(x_recv, order2, rank2[:, None])
+  g = ops.grouped_matmul(xr, w_gate, groups)
+  u = None if w_up is None else ops.grouped_matmul(xr, w_up, groups)
+  yr = ops.grouped_matmul(activation(act, g, u), w_down, groups)
+  if tensor_axes:
+    yr = jax.lax.psum(yr, tensor_axes)
+  y_recv = _gather_rows(yr, rank2, order2[:, None])
+  # Back: the chunk from sender i sits after the chunks of senders < i and
+  # goes to where sender i took it from.
+  back_in = jnp.cumsum(recv) - recv
+  back_out = (jnp.cumsum(sizes, axis=1) - sizes)[:, me]
+  ys = exchange(y_recv, jnp.zeros((a, d), y_recv.dtype), back_in, recv,
+                back_out, send)
+  y_ad = _gather_rows(ys, rank, order[:, None])
   return _combine(y_ad.reshape(n, k, -1), w_nk)
 
 
@@ -327,6 +388,12 @@ def _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes, *,
   """`dense` (or `ragged`): every pair computed, on one shard or over the expert axes."""
   local = _ragged_local if ragged else _dense_local
   ep = _axis_size(expert_axes)
+  if ragged and ep > 1:
+    exchange = ops.expert_exchange(x_nd.dtype)
+    if exchange != 'all_gather':
+      return _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes,
+                                tensor_axes,
+                                emulated=exchange.endswith('emulated'))
   if ep == 1:
     y = local(x_nd, idx_nk, w_nk, ws, act, 0)
     return jax.lax.psum(y, tensor_axes) if tensor_axes else y

@@ -6,6 +6,7 @@
   moe_decode       xla (the sampler's layouts) | cpu_kernel (likewise)
   argmax           xla | cpu_kernel (likewise)
   token_logprobs   xla
+  expert_exchange  all_gather (CPU) | ragged_all_to_all (GPU, TPU)
 
 `selected()` says what ran; `configure(attention='xla')`, a config's `ops`
 section or CASCADE_JAX_OPS='attention=xla' forces a choice. The reference
@@ -17,6 +18,8 @@ from cascade_jax.ops._attention import attention
 from cascade_jax.ops._attention import attention_mask
 from cascade_jax.ops._attention import cache_attention
 from cascade_jax.ops._attention import rms_norm
+from cascade_jax.ops._collectives import expert_exchange
+from cascade_jax.ops._collectives import ragged_all_to_all
 from cascade_jax.ops._cpu import calibration as cpu_kernel_calibration
 from cascade_jax.ops._cpu import kernel_enabled as cpu_kernel_enabled
 from cascade_jax.ops._decode import argmax

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 
 from cascade_jax import kernels
 from cascade_jax.ops import _cpu
@@ -88,10 +89,22 @@ def _cudnn(q, k, v, mask_bts, scale):
                                       scale=scale, implementation='cudnn')
 
 
-def _tokamax(q, k, v, mask_bts, scale):
+def tokamax_module():
+  """tokamax, imported, with absl's flags marked parsed if nobody parsed them.
+
+  tokamax reads its options from absl flags and, unparsed, parses sys.argv
+  itself: under pytest, a notebook or an argparse program that is an
+  unknown-flag error at the first kernel call.
+  """
   import tokamax  # pylint: disable=g-import-not-at-top
-  return tokamax.dot_product_attention(q, k, v, mask=mask_bts[:, None],
-                                       scale=scale)
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  return tokamax
+
+
+def _tokamax(q, k, v, mask_bts, scale):
+  return tokamax_module().dot_product_attention(q, k, v, mask=mask_bts[:, None],
+                                                scale=scale)
 
 
 def _splash(q, k, v, q_seg, k_seg, scale):
@@ -126,7 +139,7 @@ def _tokamax_available() -> bool | str:
 
 
 def _attention_candidates(q, k, packed_causal: bool):
-  backend = jax.default_backend()
+  backend = _registry.backend()
   half = q.dtype in (jnp.bfloat16, jnp.float16)
   h, t, s = q.shape[-1], q.shape[1], k.shape[1]
   on_gpu = backend == 'gpu' or f'needs a GPU (backend {backend})'
@@ -140,9 +153,10 @@ def _attention_candidates(q, k, packed_causal: bool):
     splash = f'splash needs sequence lengths that are multiples of 128 ({t}, {s})'
   elif splash is True and not packed_causal:
     splash = 'splash takes segment ids and a causal mask, not a general mask'
-  tok = (backend in ('gpu', 'tpu')) or f'tokamax kernels need GPU / TPU ({backend})'
-  if tok is True:
-    tok = _tokamax_available()
+  tok = _tokamax_available()
+  if backend not in ('gpu', 'tpu'):  # tokamax runs XLA here: only if forced
+    return [('xla', True), ('cudnn', cudnn), ('splash', splash),
+            ('tokamax', tok)]
   return [('cudnn', cudnn), ('splash', splash), ('tokamax', tok),
           ('xla', True)]
 

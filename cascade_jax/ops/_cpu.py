@@ -19,6 +19,7 @@ was killed (the kernels and XLA round differently).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -37,7 +38,7 @@ ENV = _build.DISABLE_ENV  # CASCADE_JAX_CPU_KERNELS
 KERNEL_OPS = ('moe_decode', 'cache_attention', 'argmax')
 # A kernel must beat XLA by this factor at every calibrated size.
 MARGIN = 0.9
-_CALIBRATION_VERSION = 1
+_CALIBRATION_VERSION = 3
 
 
 def mode() -> str:
@@ -56,8 +57,8 @@ def kernel_enabled(op: str) -> bool | str:
   """True if `op`'s CPU kernel may run here, else why not (for `ops.pick`)."""
   if op not in KERNEL_OPS:
     raise ValueError(f'no CPU kernel for {op!r}; kernels: {KERNEL_OPS}')
-  if jax.default_backend() != 'cpu':
-    return f'CPU kernels run on the CPU backend only ({jax.default_backend()})'
+  if _registry.backend() != 'cpu':
+    return f'CPU kernels run on the CPU backend only ({_registry.backend()})'
   m = mode()
   if m == 'off':
     return f'{ENV}=0'
@@ -81,9 +82,12 @@ def _median_us(fn, *args, repeats: int = 7) -> float:
   return statistics.median(times) * 1e6
 
 
-def _loop(step, steps=20):
+_STEPS = 20  # each timed call runs 20 steps (as a decode loop does)
+
+
+def _loop(step):
   return jax.jit(lambda x, *a: jax.lax.fori_loop(
-      0, steps, lambda i, x: x + 1e-3 * step(x, *a), x))
+      0, _STEPS, lambda i, x: x + 1e-3 * step(x, *a), x))
 
 
 def _moe_cases():
@@ -145,7 +149,7 @@ def _argmax_cases():
       i = jnp.arange(x.shape[-1], dtype=jnp.int32)
       return jnp.min(jnp.where(x == top, i, x.shape[-1]), axis=-1)
     step = lambda f: jax.jit(lambda x: jax.lax.fori_loop(
-        0, 20, lambda i, c: c + f(x + c[0]).astype(jnp.float32).sum(),
+        0, _STEPS, lambda i, c: c + f(x + c[0]).astype(jnp.float32).sum(),
         jnp.zeros((1,))))
     yield b, (step(kernels.argmax), step(xla)), (x,)
 
@@ -162,8 +166,8 @@ def _measure() -> dict:
       # Interleaved, so that drift in the machine's speed hits both.
       k_us, x_us = [], []
       for _ in range(3):
-        k_us.append(_median_us(kern, *args, repeats=3))
-        x_us.append(_median_us(xla, *args, repeats=3))
+        k_us.append(_median_us(kern, *args, repeats=3) / _STEPS)
+        x_us.append(_median_us(xla, *args, repeats=3) / _STEPS)
       rows.append((size, min(k_us), min(x_us)))
     use = all(k < MARGIN * x for _, k, x in rows)
     out[op] = dict(use=use, kernel_us=[round(k, 1) for _, k, _ in rows],
@@ -188,14 +192,19 @@ def calibration() -> dict:
   fresh = result is None
   if fresh:
     t0 = time.perf_counter()
-    result = _measure()
+    # Ops ask while the sampler is being traced: in this thread every array
+    # op would be staged into that trace (and the timings would time
+    # nothing). JAX's trace state is per thread, so measure in a fresh one.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      result = pool.submit(_measure).result()
     tmp = path.with_suffix(f'.tmp{os.getpid()}')
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, path)
     took = time.perf_counter() - t0
   parts = [f"{op} {'kernel' if r['use'] else 'xla'} "
            f"({'/'.join(map(str, r['kernel_us']))} vs "
-           f"{'/'.join(map(str, r['xla_us']))} us)"
+           f"{'/'.join(map(str, r['xla_us']))} us a step at batch "
+           f"{'/'.join(map(str, r['sizes']))})"
            for op, r in result.items()]
   msg = ('cascade_jax: CPU kernels, where faster than XLA on this machine: '
          + '; '.join(parts) +

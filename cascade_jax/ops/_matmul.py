@@ -7,7 +7,8 @@ Implementations:
   layer.
 - 'tokamax': `tokamax.ragged_dot`, its Pallas kernels (Mosaic on TPU and
   Hopper, Triton elsewhere on GPU), as MaxText's dropless MoE uses on both;
-  'auto' picks it on GPU / TPU whenever tokamax imports.
+  'auto' picks it on GPU / TPU whenever tokamax imports (on CPU it runs
+  XLA's ragged_dot; forced there, the tests check the call through it).
 Both take the same arguments and differentiate (tokamax has its own VJP
 kernels).
 """
@@ -28,15 +29,14 @@ def grouped_matmul(lhs_mk: jax.Array, rhs_gkn: jax.Array,
 
   Rows past sum(group_sizes) are zero. group_sizes int32 [G].
   """
-  backend = jax.default_backend()
-  tok = (backend in ('gpu', 'tpu')) or f'tokamax kernels need GPU / TPU ({backend})'
-  if tok is True:
-    tok = _attention._tokamax_available()  # pylint: disable=protected-access
-  name = _registry.pick('grouped_matmul', [('tokamax', tok), ('xla', True)],
-                        dtype=lhs_mk.dtype)
+  tok = _attention._tokamax_available()  # pylint: disable=protected-access
+  candidates = [('tokamax', tok), ('xla', True)]
+  if _registry.backend() not in ('gpu', 'tpu'):
+    candidates.reverse()  # tokamax runs XLA's ragged_dot here: only if forced
+  name = _registry.pick('grouped_matmul', candidates, dtype=lhs_mk.dtype)
   group_sizes_g = group_sizes_g.astype(jnp.int32)
   if name == 'tokamax':
-    import tokamax  # pylint: disable=g-import-not-at-top
+    tokamax = _attention.tokamax_module()
     return tokamax.ragged_dot(lhs_mk, rhs_gkn, group_sizes_g,
                               preferred_element_type=preferred_element_type)
   return jax.lax.ragged_dot(lhs_mk, rhs_gkn, group_sizes_g,

@@ -33,12 +33,26 @@ IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
     'moe_decode': ('xla', 'cpu_kernel'),
     'argmax': ('xla', 'cpu_kernel'),
     'token_logprobs': ('xla',),
+    'expert_exchange': ('all_gather', 'ragged_all_to_all',
+                        'ragged_all_to_all_emulated'),
 }
 
 _lock = threading.Lock()
 _forced: dict[str, str] = {}
 _picked: dict[str, collections.Counter] = collections.defaultdict(
     collections.Counter)
+
+
+def backend() -> str:
+  """The platform ops compile for: the default device's (`jax.default_device`,
+  e.g. an abstract TPU device for ahead-of-time compiles on a CPU host), else
+  JAX's default backend."""
+  dev = jax.config.jax_default_device
+  platform = getattr(dev, 'platform', None)
+  if platform is None and isinstance(dev, str):
+    platform = dev
+  return {'cuda': 'gpu', 'rocm': 'gpu'}.get(platform, platform) or (
+      jax.default_backend())
 
 
 def _check(op: str, name: str) -> None:
@@ -124,7 +138,7 @@ def pick(op: str, candidates: Sequence[tuple[str, bool | str]], *,
       raise ValueError(f'ops: no implementation of {op} can run here: {why}')
   dt = 'any' if dtype is None else str(jax.numpy.dtype(dtype))
   with _lock:
-    _picked[op][f'{name} ({jax.default_backend()}, {dt})'] += 1
+    _picked[op][f'{name} ({backend()}, {dt})'] += 1
   return name
 
 

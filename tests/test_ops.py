@@ -1,0 +1,275 @@
+"""cascade_jax.ops: the selection layer, and each implementation equal to the reference.
+
+CPU tests force tokamax (which runs its XLA path here) to check the calls
+through it; the `gpu` tests compare the fused kernels with the reference on
+a GPU in bf16 and fp32.
+"""
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade_jax import model
+from cascade_jax import ops
+from cascade_jax.kernels import _build
+from cascade_jax.ops import _cpu
+
+gpu = pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs a GPU')
+
+
+# --- selection ---------------------------------------------------------------
+
+
+def test_forcing_is_checked_and_recorded():
+  with pytest.raises(ValueError, match='unknown op'):
+    ops.configure(flash='xla')
+  with pytest.raises(ValueError, match="no implementation 'cuda'"):
+    ops.parse('attention=cuda')
+  with pytest.raises(ValueError, match='not op=implementation'):
+    ops.parse('attention')
+  assert ops.parse(' attention=xla, argmax=auto ') == dict(attention='xla',
+                                                           argmax='auto')
+  q = jnp.ones((1, 4, 2, 8))
+  mask = jnp.tril(jnp.ones((4, 4), bool))[None]
+  # Forced to something that cannot run here: an error naming why, never a
+  # silent fallback.
+  with ops.forced(attention='cudnn'):
+    with pytest.raises(ValueError, match='needs a GPU'):
+      ops.attention(q, q, q, scale=1.0, mask_bts=mask)
+  ops.reset_selected()
+  ops.attention(q, q, q, scale=1.0, mask_bts=mask)
+  assert ops.selected() == {'attention': ['xla (cpu, float32)']}
+
+
+def test_cascade_config_forces_ops(monkeypatch, tmp_path):
+  from configs import cascade as cascade_config  # pylint: disable=g-import-not-at-top
+  from cascade_jax.cascade import _run  # pylint: disable=g-import-not-at-top
+  c = cascade_config.get_config('quick')
+  assert c.ops == ''
+  c.ops = 'attention=tokamax'
+  got = {}
+  monkeypatch.setattr(ops, 'configure', lambda **kw: got.update(kw))
+  monkeypatch.setattr(_run, 'eval_sets', lambda c: {})
+  monkeypatch.setattr(_run, 'plan', lambda c: [])   # no stage runs
+  assert _run.run(c, str(tmp_path)) == []
+  assert got == {'attention': 'tokamax'}
+  c.ops = 'attention=flash'
+  with pytest.raises(ValueError, match="no implementation 'flash'"):
+    _run.run(c, str(tmp_path))
+
+
+# --- grouped matmul ----------------------------------------------------------
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_grouped_matmul_through_tokamax_equals_xla(dtype):
+  rng = np.random.RandomState(0)
+  lhs = jnp.asarray(rng.randn(40, 16), dtype)
+  rhs = jnp.asarray(rng.randn(4, 16, 8), dtype)
+  sizes = jnp.array([10, 0, 17, 9], jnp.int32)   # 4 rows past the groups
+
+  def f(lhs, rhs):
+    y = ops.grouped_matmul(lhs, rhs, sizes)
+    return jnp.sum(jnp.sin(y.astype(jnp.float32))), y
+  outs = {}
+  for impl in ('xla', 'tokamax'):
+    with ops.forced(grouped_matmul=impl):
+      outs[impl] = jax.jit(jax.value_and_grad(f, argnums=(0, 1),
+                                              has_aux=True))(lhs, rhs)
+  (l0, y0), g0 = outs['xla']
+  (l1, y1), g1 = outs['tokamax']
+  np.testing.assert_array_equal(np.asarray(y1[36:], np.float32), 0)
+  chex.assert_trees_all_close((y1, g1), (y0, g0), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('impl', ['xla', 'tokamax'])
+def test_ragged_moe_equals_dense_forward_and_grads(impl):
+  # The dropless `ragged` dispatch over each grouped-matmul implementation:
+  # the dense reference's outputs and gradients.
+  def run(dispatch):
+    cfg = model.tiny(pattern='E', moe=model.MoEConfig(
+        num_experts=8, top_k=2, expert_dim=16, dispatch=dispatch))
+    m = model.MoE(cfg, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 12, 16))
+
+    def loss(m, x):
+      y, info = m(x)
+      return jnp.mean(jnp.square(y)) + info['aux_loss']
+    return nnx.value_and_grad(loss, argnums=(0, 1))(m, x)
+  l0, (gm0, gx0) = run('dense')
+  with ops.forced(grouped_matmul=impl):
+    l1, (gm1, gx1) = run('ragged')
+  np.testing.assert_allclose(l1, l0, rtol=1e-5)
+  np.testing.assert_allclose(gx1, gx0, atol=1e-6)
+  chex.assert_trees_all_close(nnx.state(gm1, nnx.Param),
+                              nnx.state(gm0, nnx.Param), atol=1e-6)
+
+
+# --- attention ---------------------------------------------------------------
+
+
+def _packed(b=2, t=16, n=4, k=2, h=16, dtype='float32', seed=0):
+  """GQA inputs over packed rows: segments of uneven length and padding (0)."""
+  rng = np.random.RandomState(seed)
+  q = jnp.asarray(rng.randn(b, t, n, h), dtype)
+  kk = jnp.asarray(rng.randn(b, t, k, h), dtype)
+  v = jnp.asarray(rng.randn(b, t, k, h), dtype)
+  seg = np.zeros((b, t), np.int32)
+  seg[0, :5], seg[0, 5:13] = 1, 2                      # 3 padding at the end
+  seg[1, :] = 1
+  seg[1, 9:] = 2
+  pos = np.zeros((b, t), np.int32)
+  for r in range(b):
+    for s_id in set(seg[r]) - {0}:
+      idx = np.where(seg[r] == s_id)[0]
+      pos[r, idx] = np.arange(len(idx))
+  return q, kk, v, jnp.asarray(seg), jnp.asarray(pos)
+
+
+@pytest.mark.parametrize('dtype, tol', [('float32', 1e-5), ('bfloat16', 2e-2)])
+def test_attention_through_tokamax_equals_xla(dtype, tol):
+  q, k, v, seg, pos = _packed(dtype=dtype)
+  kw = dict(scale=16 ** -0.5, segment_ids=(seg, seg), positions=(pos, pos))
+  with ops.forced(attention='xla'):
+    ref = ops.attention(q, k, v, **kw)
+  with ops.forced(attention='tokamax'):
+    got = ops.attention(q, k, v, **kw)
+  real = np.asarray(seg) != 0
+  np.testing.assert_allclose(np.asarray(got, np.float32)[real],
+                             np.asarray(ref, np.float32)[real],
+                             atol=tol, rtol=tol)
+
+
+def test_model_attention_goes_through_ops():
+  cfg = model.tiny()
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  toks = jnp.ones((2, 8), jnp.int32)
+  ops.reset_selected()
+  ref, _ = m(toks)
+  with ops.forced(attention='tokamax'):
+    got, _ = nnx.jit(lambda m, t: m(t))(m, toks)
+  np.testing.assert_allclose(got, ref, atol=1e-5)
+  assert ops.selected()['attention'] == ['tokamax (cpu, float32)',
+                                         'xla (cpu, float32)']
+
+
+# --- the CPU kernels' policy -------------------------------------------------
+
+
+def test_cpu_kernel_modes(monkeypatch):
+  for value, want in (('', 'auto'), ('auto', 'auto'), ('1', 'on'),
+                      ('0', 'off'), ('off', 'off')):
+    monkeypatch.setenv(_cpu.ENV, value)
+    assert _cpu.mode() == want
+  monkeypatch.setenv(_cpu.ENV, 'sometimes')
+  with pytest.raises(ValueError, match='CASCADE_JAX_CPU_KERNELS'):
+    _cpu.mode()
+  monkeypatch.setenv(_cpu.ENV, '0')
+  assert _cpu.kernel_enabled('argmax') == 'CASCADE_JAX_CPU_KERNELS=0'
+  with pytest.raises(ValueError, match='no CPU kernel'):
+    _cpu.kernel_enabled('attention')
+
+
+@pytest.mark.skipif(_build._library() is None,
+                    reason='the CPU kernels cannot be built here')
+def test_calibration_is_measured_once_and_decides(monkeypatch, tmp_path,
+                                                  capsys):
+  # A kernel runs in 'auto' only where the cached calibration says it is
+  # faster; the file is written once and then read (a resumed run decides
+  # as the killed one did).
+  monkeypatch.setenv(_cpu.ENV, 'auto')
+  path = tmp_path / 'calibration.json'
+  monkeypatch.setattr(_build, 'cache_path', lambda suffix: path)
+  calls = []
+  verdicts = {'moe_decode': True, 'cache_attention': False, 'argmax': False}
+
+  def fake_measure():
+    # Never inside the trace that asked (the sampler's): arrays are concrete.
+    assert not isinstance(jnp.ones(1) + 1, jax.core.Tracer)
+    calls.append(1)
+    return {op: dict(use=use, kernel_us=[1.0], xla_us=[2.0 if use else 0.5],
+                     sizes=[8]) for op, use in verdicts.items()}
+  monkeypatch.setattr(_cpu, '_measure', fake_measure)
+  _cpu.calibration.cache_clear()
+  try:
+    asked = []
+    jax.jit(lambda x: asked.append(_cpu.kernel_enabled('moe_decode')) or x)(1.0)
+    assert asked == [True]
+    assert 'slower than XLA' in _cpu.kernel_enabled('argmax')
+    assert json.loads(path.read_text())['argmax']['use'] is False
+    assert 'calibrated in' in capsys.readouterr().out
+    _cpu.calibration.cache_clear()
+    assert _cpu.kernel_enabled('moe_decode') is True
+    assert '[cached' in capsys.readouterr().out
+    assert len(calls) == 1
+    # Forcing a kernel through ops overrides the calibration (benchmarks).
+    with ops.forced(argmax='cpu_kernel'):
+      assert _cpu.kernel_enabled('argmax') is True
+  finally:
+    _cpu.calibration.cache_clear()
+
+
+# --- on a GPU ----------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize('impl', ['cudnn', 'tokamax'])
+@pytest.mark.parametrize('dtype, tol', [('bfloat16', 2e-2), ('float32', 2e-3)])
+def test_gpu_attention_equals_xla(impl, dtype, tol):
+  if impl == 'cudnn' and dtype == 'float32':
+    pytest.skip('cuDNN flash attention is bf16 / fp16 only')
+  q, k, v, seg, pos = _packed(b=4, t=256, n=8, k=2, h=64, dtype=dtype)
+  kw = dict(scale=64 ** -0.5, segment_ids=(seg, seg), positions=(pos, pos))
+
+  def loss(q, k, v):
+    out = ops.attention(q, k, v, **kw)
+    real = (seg != 0)[:, :, None, None]
+    return jnp.sum(jnp.where(real, out, 0).astype(jnp.float32) ** 2), out
+  res = {}
+  for name in ('xla', impl):
+    with ops.forced(attention=name):
+      res[name] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2),
+                                             has_aux=True))(q, k, v)
+  (_, ref), gref = res['xla']
+  (_, got), ggot = res[impl]
+  real = np.asarray(seg) != 0
+  np.testing.assert_allclose(np.asarray(got, np.float32)[real],
+                             np.asarray(ref, np.float32)[real], atol=tol,
+                             rtol=tol)
+  for a, b in zip(ggot, gref):
+    np.testing.assert_allclose(np.asarray(a, np.float32),
+                               np.asarray(b, np.float32), atol=5 * tol,
+                               rtol=5 * tol)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize('dtype, tol', [('bfloat16', 3e-2), ('float32', 1e-4)])
+def test_gpu_ragged_moe_equals_dense(dtype, tol):
+  def run(dispatch, impl):
+    cfg = model.tiny(pattern='E', embed_dim=128, dtype=dtype,
+                     moe=model.MoEConfig(num_experts=8, top_k=2,
+                                         expert_dim=128, dispatch=dispatch))
+    m = model.MoE(cfg, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (4, 256, 128), dtype)
+
+    def loss(m, x):
+      y, _ = m(x)
+      return jnp.mean(jnp.square(y.astype(jnp.float32)))
+    with ops.forced(grouped_matmul=impl):
+      return nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1)))(m, x)
+  l0, (gm0, gx0) = run('dense', 'xla')
+  ops.reset_selected()
+  l1, (gm1, gx1) = run('ragged', 'tokamax')
+  assert ops.selected()['grouped_matmul'] == [f'tokamax (gpu, {dtype})']
+  np.testing.assert_allclose(l1, l0, rtol=tol)
+  np.testing.assert_allclose(np.asarray(gx1, np.float32),
+                             np.asarray(gx0, np.float32), atol=tol, rtol=tol)
+  chex.assert_trees_all_close(nnx.state(gm1, nnx.Param),
+                              nnx.state(gm0, nnx.Param), atol=tol, rtol=tol)
