@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -55,6 +57,7 @@ def test_bench_rollout_quick_prints_both_tables(tmp_path):
   assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
 
 
+@pytest.mark.slow  # ~50 s: CI runs it
 def test_bench_accel_quick_runs_every_part_on_cpu(tmp_path):
   # The H200 benchmark's code at CPU sizes: every row, and the ops it ran.
   r = _run('experiments.bench_accel', '--config=configs/bench_accel.py:quick',

@@ -79,8 +79,9 @@ def test_sharded_forward_and_grads_equal_single_device(mesh_name, dispatch):
   assert all(jax.tree.leaves(same)), same
 
 
-@pytest.mark.parametrize('mesh_name', ['data2_expert4',
-                                       'fsdp2_expert2_tensor2'])
+@pytest.mark.parametrize('mesh_name', [
+    'data2_expert4',
+    pytest.param('fsdp2_expert2_tensor2', marks=pytest.mark.slow)])
 def test_ragged_all_to_all_dispatch_equals_single_device(mesh_name):
   # The GPU / TPU expert-parallel path of `ragged` (each pair to its
   # expert's shard and back), with the collective emulated: CPU has no
