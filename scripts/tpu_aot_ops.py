@@ -50,18 +50,27 @@ def main():
                                sds((n * 16, 2048, 768), bf16),
                                sds((n, 16), jnp.int32))),
   }
+  def fwd_bwd(fn):
+    """The op and its gradient with respect to its first two inputs."""
+    def loss(*a):
+      return jnp.sum(fn(*a).astype(jnp.float32) ** 2)
+    return lambda *a: jax.grad(loss, argnums=(0, 1))(*a)
+
   with jax.default_device(devs.flat[0]):
     for name, (fn, shapes) in cases.items():
-      ops.reset_selected()
-      f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P('data'),
-                                out_specs=P('data'), check_vma=False))
-      t0 = time.perf_counter()
-      compiled = f.lower(*shapes).compile()
-      mem = compiled.memory_analysis()
-      print(f'{name}: compiled for {args.topology} in '
-            f'{time.perf_counter() - t0:.1f}s; picked {ops.selected()[name]}; '
-            f'temp {getattr(mem, "temp_size_in_bytes", 0) / 2**20:.1f} MiB '
-            'per device')
+      for kind, g in (('forward', fn), ('forward + backward', fwd_bwd(fn))):
+        ops.reset_selected()
+        out_specs = P('data') if kind == 'forward' else (P('data'), P('data'))
+        f = jax.jit(jax.shard_map(g, mesh=mesh, in_specs=P('data'),
+                                  out_specs=out_specs, check_vma=False))
+        t0 = time.perf_counter()
+        compiled = f.lower(*shapes).compile()
+        mem = compiled.memory_analysis()
+        print(f'{name} {kind}: compiled for {args.topology} in '
+              f'{time.perf_counter() - t0:.1f}s; picked '
+              f'{ops.selected()[name]}; temp '
+              f'{getattr(mem, "temp_size_in_bytes", 0) / 2**20:.1f} MiB per '
+              'device', flush=True)
 
 
 if __name__ == '__main__':
