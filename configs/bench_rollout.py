@@ -5,8 +5,9 @@
 A Qwen3-MoE-shaped model (exportable to transformers): embed 256, 4 layers,
 8 experts top-2, 32 prompt tokens, 64 new tokens, greedy, in fp32 on CPU;
 then one MoE layer's decode step, the CPU kernel against XLA's layouts.
-About 2 minutes on 2 cores. `CASCADE_JAX_CPU_KERNELS=0` runs the sampler on
-XLA's ops alone. `dispatch` does not change the sampler (its decode path
+About 2 minutes on 2 cores. The sampler runs the CPU kernels only where their
+calibration found them faster on this machine (`cascade_jax.ops`);
+`CASCADE_JAX_CPU_KERNELS=1` forces them, `=0` keeps to XLA's ops. `dispatch` does not change the sampler (its decode path
 replaces the configured one); the sweep varies the expert count, i.e. how
 sparse a token's share of the expert weights is.
 """

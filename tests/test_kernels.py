@@ -124,22 +124,9 @@ def test_moe_decode_path_uses_kernel_and_equals_dense(activation, tokens):
   assert dw.kernel is not None and dw.flat is None and dw.per_expert is None
   x = jax.random.normal(jax.random.key(tokens), (1, tokens, 16))
   ref, info = m(x, with_stats=False)
-  y = jax.jit(lambda x, dw: _decode_moe(m, x, dw))(x, dw)
-  np.testing.assert_allclose(y, ref, atol=1e-5, rtol=1e-5)
+  y, _ = jax.jit(lambda x, dw: rollout.moe_step(m, x[0], dw))(x, dw)
+  np.testing.assert_allclose(y, ref[0], atol=1e-5, rtol=1e-5)
 
-
-def _decode_moe(m, x_btd, dw, valid_bt=None, replay=None):
-  """The MoE layer as the sampler runs it: router, then its decode layout."""
-  b, t, d = x_btd.shape
-  x_nd = x_btd.reshape(b * t, d)
-  _, _, idx, w = m.route_tokens(
-      x_nd, None if replay is None else replay.reshape(b * t, -1))
-  y = rollout.decode_forward(
-      x_nd, idx, w, dw, act=m.cfg.activation,
-      valid_n=None if valid_bt is None else valid_bt.reshape(b * t))
-  if m.shared is not None:
-    y = y + m.shared(x_nd)
-  return y.reshape(b, t, d)
 
 
 def test_disabled_by_environment(monkeypatch):

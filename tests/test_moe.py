@@ -24,16 +24,12 @@ def _x(b=2, t=8, d=16, seed=0):
 
 
 def _decode_moe(m, x_btd, dw, valid_bt=None, replay=None):
-  """The MoE layer as the sampler runs it: router, then its decode layout."""
+  """The MoE layer as the sampler runs it (`rollout.moe_step`), [B, T, D]."""
   b, t, d = x_btd.shape
-  x_nd = x_btd.reshape(b * t, d)
-  _, _, idx, w = m.route_tokens(
-      x_nd, None if replay is None else replay.reshape(b * t, -1))
-  y = rollout.decode_forward(
-      x_nd, idx, w, dw, act=m.cfg.activation,
-      valid_n=None if valid_bt is None else valid_bt.reshape(b * t))
-  if m.shared is not None:
-    y = y + m.shared(x_nd)
+  y, _ = rollout.moe_step(
+      m, x_btd.reshape(b * t, d), dw,
+      None if valid_bt is None else valid_bt.reshape(b * t),
+      None if replay is None else replay.reshape(b * t, -1))
   return y.reshape(b, t, d)
 
 

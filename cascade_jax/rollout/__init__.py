@@ -6,6 +6,7 @@ from cascade_jax.rollout._decode import decode_weights
 from cascade_jax.rollout._decode import DecodeWeights
 from cascade_jax.rollout._decode import forward
 from cascade_jax.rollout._decode import model_decode_weights
+from cascade_jax.rollout._decode import moe_step
 from cascade_jax.rollout._decode import PREFILL_ROWS_PER_EXPERT
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import generate_padded

@@ -147,6 +147,27 @@ def model_decode_weights(model, num_tokens: int, *, use_kernel: bool = True
           for moe in model.moe_layers()]
 
 
+def moe_step(moe, x_nd, layout: DecodeWeights | None, valid_n=None,
+             expert_idx_nk=None):
+  """One MoE layer as the sampler runs it: router, experts in `layout`, shared expert.
+
+  `layout` None (a sharded model): the layer's `dense` dispatch in
+  `shard_map`. `expert_idx_nk` replays a routing instead of the router's.
+
+  Returns:
+    (y [N, D], chosen experts [N, k]).
+  """
+  _, _, idx_nk, w_nk = moe.route_tokens(x_nd, expert_idx_nk)
+  if layout is None:
+    y_nd, _ = moe.experts(x_nd, idx_nk, w_nk, valid_n, dispatch='dense')
+  else:
+    y_nd = decode_forward(x_nd, idx_nk, w_nk, layout, act=moe.cfg.activation,
+                          valid_n=valid_n)
+  if moe.shared is not None:
+    y_nd = y_nd + moe.shared(x_nd)
+  return y_nd, idx_nk
+
+
 def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
             cache: model_lib.KVCache,
             layouts: Sequence[DecodeWeights | None],
@@ -190,16 +211,8 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
       new_k.append(kk)
       new_v.append(vv)
     elif blk.kind == model_lib.MOE:
-      moe, layout = blk.mixer, layouts[len(experts)]
-      x_nd = h.reshape(b * t, -1)
-      _, _, idx_nk, w_nk = moe.route_tokens(x_nd)
-      if layout is None:
-        y_nd, _ = moe.experts(x_nd, idx_nk, w_nk, valid_n, dispatch='dense')
-      else:
-        y_nd = decode_forward(x_nd, idx_nk, w_nk, layout,
-                              act=moe.cfg.activation, valid_n=valid_n)
-      if moe.shared is not None:
-        y_nd = y_nd + moe.shared(x_nd)
+      y_nd, idx_nk = moe_step(blk.mixer, h.reshape(b * t, -1),
+                              layouts[len(experts)], valid_n)
       h = y_nd.reshape(b, t, -1)
       experts.append(idx_nk.reshape(b, t, -1))
     else:
@@ -213,4 +226,4 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
 
 
 __all__ = ['DecodeWeights', 'decode_forward', 'decode_weights', 'forward',
-           'model_decode_weights', 'PREFILL_ROWS_PER_EXPERT']
+           'model_decode_weights', 'moe_step', 'PREFILL_ROWS_PER_EXPERT']
