@@ -1,5 +1,6 @@
 """The CPU MoE kernel (cascade_jax.kernels): equal to the dense path, deterministic, and its fallbacks."""
 
+import os
 import shutil
 
 import jax
@@ -43,6 +44,8 @@ def test_kernel_builds_where_a_compiler_exists():
   if jax.default_backend() != 'cpu' or not (shutil.which('c++') or
                                             shutil.which('g++')):
     pytest.skip('no CPU backend or no C++ compiler')
+  if os.environ.get(_build.DISABLE_ENV, '') == '0':
+    pytest.skip('the CPU kernels are turned off (CASCADE_JAX_CPU_KERNELS=0)')
   assert kernels.moe_ffn_available('swiglu', jnp.float32)
   assert kernels.moe_ffn_available('relu2', jnp.float32)
   assert not kernels.moe_ffn_available('swiglu', jnp.bfloat16)
@@ -140,6 +143,7 @@ def test_a_failed_build_falls_back_with_the_compiler_error(
   # callers get None (XLA's ops), not an exception.
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
   monkeypatch.setenv('CXX', 'false')
+  monkeypatch.setenv(_build.DISABLE_ENV, '1')
   warnings = []
   monkeypatch.setattr(_build.logging, 'warning',
                       lambda msg, *a: warnings.append(msg % a))
