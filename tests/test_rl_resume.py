@@ -87,8 +87,12 @@ def test_a_killed_rl_stage_resumes_bit_identically(sft_dir, tmp_path,
                           stderr=subprocess.DEVNULL)
   metrics = os.path.join(cut, 'rl_metrics.jsonl')
   deadline = time.monotonic() + 600
+  # The checkpoint at step 2 is written asynchronously: with the compiled
+  # programs cached, step 3 can be done before it is committed (Orbax
+  # renames its temporary directory to `2` last).
+  committed = os.path.join(cut, 'checkpoints', '2')
   while time.monotonic() < deadline and proc.poll() is None:
-    if os.path.exists(metrics) and any(
+    if os.path.isdir(committed) and os.path.exists(metrics) and any(
         '"step": 3' in line and 'eval/' in line for line in open(metrics)):
       break
     time.sleep(0.05)
