@@ -43,7 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    num_kv_heads=2, head_dim=8, num_experts=4, top_k=2,
                    expert_dim=16)
     c.train.update(batch=2, seq_len=64)
-    c.decode.update(batch_sizes=(2,), prompt_len=8, new_tokens=(4, 8))
+    c.decode.update(batch_sizes=(2,), prompt_len=8, new_tokens=(4, 24))
   elif arg:
     raise ValueError(f'configs/bench_accel.py: unknown argument {arg!r} '
                      "(known: 'quick')")
