@@ -50,14 +50,6 @@ def _axis_size(axes: Axes) -> int:
   return math.prod(jax.lax.axis_size(a) for a in axes) if axes else 1
 
 
-def _axis_index(axes: Axes) -> jax.Array:
-  """Linear index of this shard over `axes` (row-major, as collectives use)."""
-  idx = jnp.zeros((), jnp.int32)
-  for a in axes:
-    idx = idx * jax.lax.axis_size(a) + jax.lax.axis_index(a)
-  return idx
-
-
 @jax.custom_vjp
 def _gather_rows(src_md, idx_n, inv_mr):
   """out[i] = src[idx[i]], or 0 where idx[i] == M (the padding row).
@@ -196,7 +188,7 @@ def _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
   in_off = jnp.cumsum(send) - send
   gather_axis = expert_axes if len(expert_axes) > 1 else expert_axes[0]
   sizes = jax.lax.all_gather(send, gather_axis, axis=0, tiled=False)  # [from, to]
-  me = _axis_index(expert_axes)
+  me = ops.axis_index(expert_axes)
   recv = sizes[:, me]
   out_off = (jnp.cumsum(sizes, axis=0) - sizes)[me]   # after earlier senders
   buf = ep * a
@@ -403,7 +395,7 @@ def _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes, *,
   x_all = jax.lax.all_gather(x_nd, expert_axes, axis=0, tiled=True)
   idx_all = jax.lax.all_gather(idx_nk, expert_axes, axis=0, tiled=True)
   w_all = jax.lax.all_gather(w_nk, expert_axes, axis=0, tiled=True)
-  first = _axis_index(expert_axes) * ws[0].shape[0]
+  first = ops.axis_index(expert_axes) * ws[0].shape[0]
   y_all = local(x_all, idx_all, w_all, ws, act, first)
   if tensor_axes:
     y_all = jax.lax.psum(y_all, tensor_axes)

@@ -34,7 +34,8 @@ def expert_exchange(dtype=None) -> str:
       ('ragged_all_to_all_emulated', True)], dtype=dtype)
 
 
-def _axis_index(axes) -> jax.Array:
+def axis_index(axes) -> jax.Array:
+  """Linear index of this shard over `axes` (row-major, as collectives use)."""
   idx = jnp.zeros((), jnp.int32)
   for a in axes:
     idx = idx * jax.lax.axis_size(a) + jax.lax.axis_index(a)
@@ -56,7 +57,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes,
                                      axis_name=axis)
   del recv_sizes  # implied by the senders' sizes
   ep = math.prod(jax.lax.axis_size(a) for a in axes)
-  me = _axis_index(axes)
+  me = axis_index(axes)
   gather = lambda v: jax.lax.all_gather(v, axis, axis=0, tiled=False)
   all_x, all_in, all_n, all_out = map(
       gather, (operand, input_offsets, send_sizes, output_offsets))

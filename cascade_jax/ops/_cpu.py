@@ -211,8 +211,3 @@ def calibration() -> dict:
   logging.info(msg)
   return result
 
-
-def decision_table() -> list[tuple]:
-  """(op, enabled or why not) for every kernel: what a run prints and records."""
-  return [(op, kernel_enabled(op)) for op in KERNEL_OPS]
-
