@@ -19,6 +19,8 @@ as in the paper. RLHF uses the Bradley-Terry reward model with a KL penalty
 
 import ml_collections
 
+from cascade_jax import train
+
 from configs import reward_model as rm_config
 from configs import rl as rl_config
 from configs import sft as sft_config
@@ -86,10 +88,15 @@ MOPD_TEACHERS = {'math': 'sft', 'instruction_following': 'if_rl',
 
 def _stage(kind, base, **meta):
   c = ml_collections.ConfigDict(base.to_dict())
+  for key in _PLACEMENT:   # the cascade's own, for every stage
+    del c[key]
   c.kind = kind
   c.init_from = meta.get('init_from', '')
   c.branch = meta.get('branch', False)
   return c
+
+
+_PLACEMENT = tuple(train.placement_defaults())
 
 
 def _rl(name, quick):
@@ -129,6 +136,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Forces cascade_jax.ops implementations, e.g. 'attention=xla,argmax=xla'
   # (empty: each op picks by backend and dtype; CASCADE_JAX_OPS likewise).
   c.ops = ''
+  # Every stage's mesh, sharding rules and memory settings (see
+  # cascade_jax/train/_setup.py), and the evaluation's: e.g.
+  # --config.mesh.data=2 --config.mesh.expert=4 --config.memory.remat=full
+  c.update(train.placement_defaults())
   # Eval prompts per domain after each stage: at 128 two paired standard
   # errors of a stage's change were ~0.05-0.07, at 256 ~0.035-0.04.
   c.eval_n = 8 if quick else 256

@@ -9,10 +9,15 @@ as its reward with `--config.reward_model=runs/rm`.
 
 import ml_collections
 
+from cascade_jax import train
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # mesh, rules (logical axis -> mesh axes) and memory (remat, scan_layers,
+  # logits_chunk, compute_dtype): see cascade_jax/train/_setup.py.
+  c.update(train.placement_defaults())
   c.init_from = ''
   c.data = ml_collections.ConfigDict(dict(n_train=2048, levels=(1, 2, 3),
                                           seq_len=64,

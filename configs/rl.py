@@ -12,10 +12,15 @@ Run again after a kill, it resumes from its last checkpoint.
 
 import ml_collections
 
+from cascade_jax import train
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # mesh, rules (logical axis -> mesh axes) and memory (remat, scan_layers,
+  # logits_chunk, compute_dtype): see cascade_jax/train/_setup.py.
+  c.update(train.placement_defaults())
   c.init_from = ''                   # a run directory (SFT or an RL stage)
   c.data = ml_collections.ConfigDict(dict(
       domain='math', n_train=4096, levels=(1, 2), split_by='prompt'))

@@ -15,6 +15,8 @@ docs/DATA.md for the record format).
 
 import ml_collections
 
+from cascade_jax import train
+
 # Domain -> (weight, levels, generator options). Levels the model can part-
 # learn in a few minutes (CPU_SCALE.md: RL needs a non-zero pass rate to
 # learn from): IF with one or two constraints, multi-domain at levels 1-2.
@@ -58,7 +60,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       preset='small', overrides=ml_collections.ConfigDict(
           {'vocab_size': 1024, 'pattern': '*E*E'})))
-  c.mesh = ml_collections.ConfigDict(dict(data=-1))
+  # mesh, rules (logical axis -> mesh axes) and memory (remat, scan_layers,
+  # logits_chunk, compute_dtype): see cascade_jax/train/_setup.py.
+  c.update(train.placement_defaults())
   c.tokenizer = ml_collections.ConfigDict(dict(path='', corpus_per_source=2000))
   c.data = ml_collections.ConfigDict(dict(
       seq_len=256, batch_size=16, loss_on='assistant', too_long='error',

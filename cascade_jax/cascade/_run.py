@@ -33,19 +33,26 @@ def stage_dir(workdir: str, name: str) -> str:
   return os.path.join(workdir, name)
 
 
-def runner_config(stage: Stage, workdir: str,
-                  seed: int) -> ml_collections.ConfigDict:
-  """The stage's runner config: stage names resolved to run directories,
-  and the cascade's seed."""
+PLACEMENT = ('mesh', 'rules', 'memory')
+
+
+def runner_config(stage: Stage, workdir: str, seed: int,
+                  cascade: ml_collections.ConfigDict | None = None
+                  ) -> ml_collections.ConfigDict:
+  """The stage's runner config: the cascade's seed and placement (mesh,
+  rules, memory; a stage's own win), and stage names as run paths relative
+  to the cascade's directory (`root`), so that a moved cascade resumes."""
   c = ml_collections.ConfigDict(stage.config.to_dict())
   c.seed = seed
+  for key in PLACEMENT:
+    if key not in c and cascade is not None and key in cascade:
+      c[key] = ml_collections.ConfigDict(cascade[key].to_dict())
+  c.root = os.path.abspath(workdir)
   if stage.init_from:
-    c.init_from = stage_dir(workdir, stage.init_from)
+    c.init_from = stage.init_from
   if stage.kind in ('grpo', 'mopd'):
-    c.teachers = ml_collections.ConfigDict(
-        {d: stage_dir(workdir, t) for d, t in stage.teachers.items()})
-    c.reward_model = (stage_dir(workdir, stage.reward_model)
-                      if stage.reward_model else '')
+    c.teachers = ml_collections.ConfigDict(dict(stage.teachers))
+    c.reward_model = stage.reward_model or ''
     c.eval_n = 0          # the cascade scores every domain itself
   if stage.kind == 'sft':
     c.eval_n = 0
@@ -61,9 +68,14 @@ def eval_sets(config: ml_collections.ConfigDict) -> dict[str, list[dict]]:
 
 
 def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
-                samples: int = 1, seed: int = 0) -> dict[str, dict]:
-  """Every domain's eval split on the stage's final checkpoint."""
-  _, model, tok = train.restore_run(run_dir)
+                samples: int = 1, seed: int = 0,
+                config: ml_collections.ConfigDict | None = None
+                ) -> dict[str, dict]:
+  """Every domain's eval split on the stage's final checkpoint (on the
+  cascade `config`'s mesh, when given)."""
+  ctx = None if config is None else train.mesh_ctx(config)
+  memory = None if config is None else train.memory_overrides(config)
+  _, model, tok = train.restore_run(run_dir, ctx=ctx, memory=memory)
   scores = rollout.evaluate_model(model, tok, evals, temperature=temperature,
                                   samples=samples, seed=seed)
   return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n,
@@ -78,8 +90,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   if config.get('ops'):
     ops.configure(**ops.parse(config.ops))
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if train.is_main_process():
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      f.write(config.to_json_best_effort(indent=2))
   evals = eval_sets(config)
   records = []
   t_start = time.perf_counter()
@@ -89,7 +102,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     head = (f'[cascade] stage {i + 1}/{len(stages)} {st.name} ({st.kind}'
             + (f' from {st.init_from}' if st.init_from else '')
             + (', branch' if st.branch else '') + ')')
-    c = runner_config(st, workdir, config.seed)
+    c = runner_config(st, workdir, config.seed, config)
     if os.path.exists(done):
       with open(done) as f:
         records.append(json.load(f))
@@ -112,7 +125,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     t0 = time.perf_counter()
     scores = {} if st.kind == 'reward_model' else score_stage(
         d, evals, temperature=config.eval_temperature,
-        samples=config.eval_samples, seed=config.seed)
+        samples=config.eval_samples, seed=config.seed, config=config)
     rec = dict(name=st.name, kind=st.kind, init_from=st.init_from,
                branch=st.branch, teachers=st.teachers,
                reward_model=st.reward_model, domains=_domains(st),
@@ -120,9 +133,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
                eval=dict(temperature=config.eval_temperature,
                          samples=config.eval_samples),
                scores=scores, ops=ops.selected(), **extra)
-    with open(done + '.tmp', 'w') as f:
-      json.dump(rec, f, indent=2)
-    os.replace(done + '.tmp', done)   # a stage is done only once this exists
+    if train.is_main_process():
+      with open(done + '.tmp', 'w') as f:
+        json.dump(rec, f, indent=2)
+      os.replace(done + '.tmp', done)  # a stage is done only once this exists
+    _barrier(f'cascade: {st.name} done')
     records.append(rec)
     print(f'[cascade] {st.name} done in {train_s:.0f}s (+{rec["eval_s"]:.0f}s '
           f'eval); {time.perf_counter() - t_start:.0f}s so far', flush=True)
@@ -152,14 +167,17 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
   if st.kind not in ('grpo', 'mopd'):
     raise ValueError(f'rerun_stage: {name} is a {st.kind} stage; only RL '
                      'stages (grpo, mopd) can be rerun')
-  c = runner_config(st, run_dir, config.seed)
-  c.init_from = stage_dir(run_dir, init_from or st.init_from)
+  c = runner_config(st, run_dir, config.seed, config)
+  c.init_from = init_from or st.init_from
+  start_dir = train.resolve(c.init_from, c.root)
+  if not os.path.isdir(start_dir):
+    raise FileNotFoundError(f'rerun_stage: no stage directory {start_dir}')
   rl.run(c, out_dir)
   own = _domains(st)
   evals = eval_sets(config)
   kw = dict(temperature=config.eval_temperature, samples=config.eval_samples,
-            seed=config.seed)
-  before = score_stage(c.init_from, evals, **kw)
+            seed=config.seed, config=config)
+  before = score_stage(start_dir, evals, **kw)
   after = score_stage(out_dir, evals, **kw)
   rows = []
   for d in sorted(evals, key=lambda d: (d not in own, d)):
@@ -169,17 +187,28 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
                      change=b['pass_rate'] - a['pass_rate'],
                      se=domains.paired_se(list(a['prompt_pass'].items()),
                                           list(b['prompt_pass'].items()))))
-  with open(os.path.join(out_dir, 'rerun.json'), 'w') as f:
-    json.dump(dict(stage=name, init_from=c.init_from, rows=rows), f, indent=2)
+  if train.is_main_process():
+    with open(os.path.join(out_dir, 'rerun.json'), 'w') as f:
+      json.dump(dict(stage=name, init_from=start_dir, rows=rows), f, indent=2)
   return rows
 
 
 def _changed(c: ml_collections.ConfigDict, run_dir: str) -> bool:
+  want = json.loads(c.to_json_best_effort())
+  want.pop('root', None)    # where the cascade is, not what the stage was
   try:
     with open(os.path.join(run_dir, 'config.json')) as f:
-      return json.load(f) != json.loads(c.to_json_best_effort())
+      return json.load(f) != want
   except (OSError, ValueError):
     return True
+
+
+def _barrier(name: str) -> None:
+  """All processes of a multi-host run wait here (a no-op on one)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
 
 
 def _domains(st: Stage) -> list[str]:

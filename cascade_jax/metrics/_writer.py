@@ -69,6 +69,16 @@ class MetricsWriter:
       self._tb.close()
 
 
+class NullWriter:
+  """A MetricsWriter that writes nothing (processes other than the first)."""
+
+  def write(self, step: int, metrics: Mapping[str, object]) -> None:
+    del step, metrics
+
+  def close(self) -> None:
+    pass
+
+
 class Progress:
   """Progress lines: step / total, rate, ETA and a few chosen metrics."""
 

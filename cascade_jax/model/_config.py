@@ -12,6 +12,11 @@ ACTIVATIONS = ('swiglu', 'relu2')
 SCORE_FNS = ('softmax', 'sigmoid')
 DISPATCHES = ('ragged', 'capacity', 'dense', 'dropless')
 DTYPES = ('float32', 'bfloat16')
+# What a block's backward pass keeps from its forward (`ModelConfig.remat`):
+# 'none' keeps everything; 'full' keeps only the block's input and recomputes
+# the rest; 'save_dots' keeps matmul outputs, 'save_dots_no_batch' only
+# those without batch dimensions (the weights-side products).
+REMAT_POLICIES = ('none', 'full', 'save_dots', 'save_dots_no_batch')
 
 
 def _check(cond: bool, field: str, msg: str) -> None:
@@ -87,6 +92,14 @@ class ModelConfig:
   norm_eps: float = 1e-6
   dtype: str = 'float32'           # activations
   param_dtype: str = 'float32'
+  # How the model computes, not what it is (checkpoints do not depend on
+  # these): the repeating unit of `pattern` run under one `lax.scan`
+  # (compile time independent of depth), each block's (or scanned unit's)
+  # rematerialisation policy, and the output head's logits computed this
+  # many positions at a time by the losses (0: all at once).
+  scan_layers: bool = False
+  remat: str = 'none'
+  logits_chunk: int = 0
 
   def __post_init__(self):
     _check(self.vocab_size > 0, 'vocab_size', 'must be positive')
@@ -114,6 +127,19 @@ class ModelConfig:
     _check(self.dtype in DTYPES, 'dtype', f'{self.dtype!r} not in {DTYPES}')
     _check(self.param_dtype in DTYPES, 'param_dtype',
            f'{self.param_dtype!r} not in {DTYPES}')
+    _check(self.remat in REMAT_POLICIES, 'remat',
+           f'{self.remat!r} not in {REMAT_POLICIES}')
+    _check(self.logits_chunk >= 0, 'logits_chunk',
+           f'must be >= 0 (0: no chunking), got {self.logits_chunk}')
+
+  @property
+  def scan_unit(self) -> str:
+    """The shortest string whose repeats make `pattern` ('*E' for '*E' * 48)."""
+    n = len(self.pattern)
+    for p in range(1, n + 1):
+      if n % p == 0 and self.pattern[:p] * (n // p) == self.pattern:
+        return self.pattern[:p]
+    return self.pattern
 
   @property
   def num_layers(self) -> int:

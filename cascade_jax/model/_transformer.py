@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -118,7 +119,8 @@ class Transformer(nnx.Module):
                return_hidden: bool = False,
                moe_dispatch: str | None = None,
                moe_capacity: int | None = None,
-               ) -> tuple[jax.Array, dict[str, Any]]:
+               return_logits: bool = True,
+               ) -> tuple[jax.Array | None, dict[str, Any]]:
     """Runs the model.
 
     Args:
@@ -131,6 +133,9 @@ class Transformer(nnx.Module):
       expert_idx: [L_moe, B, T, k] experts to use in each MoE layer instead of
         the router's choice (replaying a rollout's routing).
       return_hidden: also return the final normed hidden states.
+      return_logits: False skips the output head (logits None, info has
+        'hidden'): the losses then take the logits a chunk at a time
+        (`logits`, `ModelConfig.logits_chunk`).
       moe_dispatch: overrides the MoE layers' configured dispatch path.
       moe_capacity: slots per expert for the `capacity` / `dropless` paths
         (e.g. `replay_capacity` of a replayed routing: then nothing drops).
@@ -152,7 +157,6 @@ class Transformer(nnx.Module):
     x = self.embed(tokens_bt)
     if cache is not None:
       cache_pos, cache_seg = cache.written(positions_bt, segment_ids_bt)
-    new_k, new_v, routers = [], [], []
     valid = segment_ids_bt != 0
     # Shared by every attention layer: computed once, not once per layer.
     rope_cs = (rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
@@ -162,33 +166,22 @@ class Transformer(nnx.Module):
                             segment_ids_bt)
     else:
       mask = attention_mask(positions_bt, segment_ids_bt, cache_pos, cache_seg)
-    for blk in self.blocks:
-      h = blk.norm(x)
-      if blk.kind == ATTENTION:
-        a = len(new_k)
-        kw = {}
-        if cache is not None:
-          kw = dict(kv_cache=(cache.k[a], cache.v[a]), cache_index=cache.index,
-                    cache_positions_bs=cache_pos, cache_segment_ids_bs=cache_seg)
-        h, (kk, vv) = blk.mixer(h, positions_bt=positions_bt,
-                                segment_ids_bt=segment_ids_bt, rope_cs=rope_cs,
-                                mask_bts=mask, **kw)
-        new_k.append(kk)
-        new_v.append(vv)
-      elif blk.kind == MOE:
-        replay = None if expert_idx is None else expert_idx[len(routers)]
-        h, stats = blk.mixer(h, valid_bt=valid, expert_idx_btk=replay,
-                             dispatch=moe_dispatch, capacity=moe_capacity)
-        routers.append(stats)
-      else:
-        h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
-      x = self.constrain(x + h)
+    shared = dict(positions_bt=positions_bt, segment_ids_bt=segment_ids_bt,
+                  valid_bt=valid, rope_cs=rope_cs, mask_bts=mask)
+    moe = (moe_dispatch, moe_capacity)
+    if cache is not None:
+      x, routers, new_k, new_v = self._cached_blocks(
+          x, shared, moe, cache, cache_pos, cache_seg, expert_idx)
+    elif cfg.scan_layers and len(cfg.scan_unit) < cfg.num_layers:
+      x, routers = self._scanned_blocks(x, shared, moe, expert_idx)
+    else:
+      x, routers = self._unrolled_blocks(x, shared, moe, expert_idx)
 
     x = self.final_norm(x)
-    logits = self._head(x)
+    logits = self._head(x) if return_logits else None
     info: dict[str, Any] = {'aux_loss': jnp.zeros((), jnp.float32)}
     if routers:
-      stacked = {k: jnp.stack([r[k] for r in routers]) for k in routers[0]}
+      stacked = dict(routers)
       info['expert_idx'] = stacked.pop('expert_idx')
       info['aux_loss'] = stacked.pop('aux_loss').sum()
       info['router'] = stacked
@@ -196,9 +189,91 @@ class Transformer(nnx.Module):
       info['cache'] = KVCache(k=tuple(new_k), v=tuple(new_v),
                               positions=cache_pos, segment_ids=cache_seg,
                               index=cache.index + t)
-    if return_hidden:
+    if return_hidden or not return_logits:
       info['hidden'] = x
     return logits, info
+
+  # ----------------------------------------------------------- the blocks
+
+  def _unrolled_blocks(self, x, shared, moe, expert_idx):
+    """Every block in turn (each under the remat policy): (x, router stats)."""
+    routers, n_moe = [], 0
+    for blk in self.blocks:
+      replay = None
+      if blk.kind == MOE:
+        replay = None if expert_idx is None else expert_idx[n_moe]
+        n_moe += 1
+      graph, state = nnx.split(blk)
+      fn = functools.partial(_block_fn, graph, moe, self.ctx)
+      x, stats = _remat(self.cfg.remat, fn)(state, x, replay, shared)
+      if stats is not None:
+        routers.append(stats)
+    return x, _stack_stats(routers)
+
+  def _scanned_blocks(self, x, shared, moe, expert_idx):
+    """The pattern's repeating unit under one `lax.scan` over its repeats.
+
+    The weights stay one module per layer (checkpoints, the sampler and the
+    Hugging Face mapping see the same tree either way); the scan stacks
+    each unit position's weights [repeats, ...] as its input, so the unit
+    compiles once however deep the model is.
+    """
+    cfg = self.cfg
+    p = len(cfg.scan_unit)
+    n = cfg.num_layers // p
+    graphs, stacked = [], []
+    for j in range(p):
+      graphs.append(nnx.graphdef(self.blocks[j]))
+      stacked.append(jax.tree.map(lambda *xs: jnp.stack(xs), *[
+          nnx.state(self.blocks[i * p + j]) for i in range(n)]))
+    m = cfg.scan_unit.count(MOE)
+    replay = (None if expert_idx is None else
+              expert_idx.reshape(n, m, *expert_idx.shape[1:]))
+
+    def unit(x, xs):
+      states, replay_i = xs
+      routers = []
+      for j in range(p):
+        r = None
+        if cfg.scan_unit[j] == MOE and replay_i is not None:
+          r = replay_i[len(routers)]
+        x, stats = _block_fn(graphs[j], moe, self.ctx, states[j], x, r,
+                             shared)
+        if stats is not None:
+          routers.append(stats)
+      return x, _stack_stats(routers)
+
+    x, routers = jax.lax.scan(_remat(cfg.remat, unit), x, (stacked, replay))
+    # [repeats, MoE per unit, ...] -> [MoE layers, ...] in layer order.
+    return x, {k: v.reshape(-1, *v.shape[2:]) for k, v in routers.items()}
+
+  def _cached_blocks(self, x, shared, moe, cache, cache_pos, cache_seg,
+                     expert_idx):
+    """Every block over a KV cache: (x, router stats, new keys, new values)."""
+    new_k, new_v, routers = [], [], []
+    b, t, _ = x.shape
+    for blk in self.blocks:
+      h = blk.norm(x)
+      if blk.kind == ATTENTION:
+        a = len(new_k)
+        h, (kk, vv) = blk.mixer(
+            h, positions_bt=shared['positions_bt'],
+            segment_ids_bt=shared['segment_ids_bt'], rope_cs=shared['rope_cs'],
+            mask_bts=shared['mask_bts'], kv_cache=(cache.k[a], cache.v[a]),
+            cache_index=cache.index, cache_positions_bs=cache_pos,
+            cache_segment_ids_bs=cache_seg)
+        new_k.append(kk)
+        new_v.append(vv)
+      elif blk.kind == MOE:
+        replay = None if expert_idx is None else expert_idx[len(routers)]
+        h, stats = blk.mixer(h, valid_bt=shared['valid_bt'],
+                             expert_idx_btk=replay,
+                             dispatch=moe[0], capacity=moe[1])
+        routers.append(stats)
+      else:
+        h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
+      x = self.constrain(x + h)
+    return x, _stack_stats(routers), new_k, new_v
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] in the compute dtype."""
@@ -209,6 +284,10 @@ class Transformer(nnx.Module):
       table = self.ctx.constrain(table, (None, None))
     x = jnp.take(table, tokens_bt, axis=0).astype(jnp.dtype(self.cfg.dtype))
     return self.constrain(x)
+
+  def logits(self, hidden_btd: jax.Array) -> jax.Array:
+    """The output head on final normed hidden states: logits [B, T, V] fp32."""
+    return self._head(hidden_btd)
 
   def unembed(self, x_btd: jax.Array) -> jax.Array:
     """Final norm and output head: logits [B, T, V] fp32."""
@@ -239,6 +318,49 @@ class Transformer(nnx.Module):
       if moe.expert_bias is not None:
         moe.expert_bias[...] = update_expert_bias(moe.expert_bias[...], load,
                                                   rate)
+
+
+def _block_fn(graph, moe, ctx, state, x, replay, shared):
+  """One block as a function of its state: (x, router stats or None).
+
+  Past the static (graph, (MoE dispatch, capacity), sharding) a function of
+  arrays, so that it runs under `jax.checkpoint` and as a `lax.scan` body.
+  """
+  blk = nnx.merge(graph, state)
+  b, t, _ = x.shape
+  h = blk.norm(x)
+  stats = None
+  if blk.kind == ATTENTION:
+    h, _ = blk.mixer(h, positions_bt=shared['positions_bt'],
+                     segment_ids_bt=shared['segment_ids_bt'],
+                     rope_cs=shared['rope_cs'], mask_bts=shared['mask_bts'])
+  elif blk.kind == MOE:
+    h, stats = blk.mixer(h, valid_bt=shared['valid_bt'], expert_idx_btk=replay,
+                         dispatch=moe[0], capacity=moe[1])
+  else:
+    h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
+  x = x + h
+  if ctx is not None:
+    x = ctx.constrain(x, ('batch', 'seq', None))
+  return x, stats
+
+
+_REMAT = {
+    'full': None,
+    'save_dots': jax.checkpoint_policies.dots_saveable,
+    'save_dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _remat(policy: str, fn):
+  return fn if policy == 'none' else jax.checkpoint(fn, policy=_REMAT[policy])
+
+
+def _stack_stats(routers: list[dict]) -> dict:
+  """Per-MoE-layer stats stacked on a new leading axis ({} without MoE)."""
+  if not routers:
+    return {}
+  return {k: jnp.stack([r[k] for r in routers]) for k in routers[0]}
 
 
 def dropped_fraction(info) -> jax.Array:

@@ -26,12 +26,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from cascade_jax import checkpoint
 from cascade_jax import data
 from cascade_jax import domains
 from cascade_jax import losses
 from cascade_jax import metrics as metrics_lib
 from cascade_jax import model as model_lib
+from cascade_jax import sharding
 from cascade_jax import train
 
 
@@ -41,8 +41,9 @@ class RewardModel(nnx.Module):
   def __init__(self, backbone: model_lib.Transformer, *, rngs: nnx.Rngs):
     self.backbone = backbone
     d = backbone.cfg.embed_dim
-    self.head_d = nnx.Param(jax.random.normal(rngs.params(), (d,)) * d ** -0.5)
-    self.bias = nnx.Param(jnp.zeros(()))
+    self.head_d = nnx.Param(jax.random.normal(rngs.params(), (d,)) * d ** -0.5,
+                            logical_axes=('norm',))
+    self.bias = nnx.Param(jnp.zeros(()), logical_axes=())
 
   def __call__(self, tokens_bt: jax.Array, last_b: jax.Array, *,
                exact: bool = False, with_info: bool = False):
@@ -56,7 +57,7 @@ class RewardModel(nnx.Module):
     valid = (jnp.arange(tokens_bt.shape[1])[None] <= last_b[:, None])
     moe = model_lib.exact_dispatch(self.backbone.cfg) if exact else {}
     _, info = self.backbone(tokens_bt, segment_ids_bt=valid.astype(jnp.int32),
-                            return_hidden=True, **moe)
+                            return_logits=False, **moe)
     h = jnp.take_along_axis(info['hidden'], last_b[:, None, None], 1)[:, 0]
     s = h.astype(jnp.float32) @ self.head_d[...] + self.bias[...]
     return (s, info) if with_info else s
@@ -128,99 +129,109 @@ def _pair_batch(tok, recs, seq_len, cross_prompt=False):
   return dict(tokens=t, last=last)
 
 
-def accuracy(graph, state, tok, records, seq_len, batch_size=128) -> float:
+def accuracy(graph, state, tok, records, seq_len, batch_size=128,
+             put=None) -> float:
   """Held-out pairwise accuracy: chosen scored above rejected."""
+  put = put or (lambda b: jax.tree.map(jnp.asarray, b))
   hits = []
   for i in range(0, len(records), batch_size):
     recs = list(records[i:i + batch_size])
-    b = _pair_batch(tok, recs, seq_len)
-    s = np.asarray(_scores(graph, state.params, state.rest, b['tokens'],
-                           b['last'])[0])
+    b = put(_pair_batch(tok, recs, seq_len))
+    s = sharding.to_host(_scores(graph, state.params, state.rest, b['tokens'],
+                                 b['last'])[0])
     hits.extend((s[:len(recs)] > s[len(recs):]).tolist())
   return float(np.mean(hits))
 
 
-def _build(run_dir_or_init: str, rngs_seed: int = 0):
-  cfg, backbone, tok = train.restore_run(run_dir_or_init)
-  return cfg, RewardModel(backbone, rngs=nnx.Rngs(rngs_seed)), tok
-
-
 def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (or resumes) the reward model stage; returns {'accuracy', ...}."""
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(config.to_json_best_effort(indent=2))
-  _, rm, tok = _build(config.init_from, config.seed)
-  tok_path = os.path.join(workdir, 'tokenizer.model')
-  with open(os.path.join(config.init_from, 'tokenizer.model'), 'rb') as src, \
-       open(tok_path, 'wb') as dst:
-    dst.write(src.read())
+  setup = train.Setup.create(config, workdir, name='rm')
+  _, backbone, tok = setup.restore(config.init_from, record=True)
+  rm = RewardModel(backbone, rngs=nnx.Rngs(config.seed))
+  if setup.ctx is not None:
+    sharding.shard_model(rm, setup.ctx)
   opt = train.make_optimizer(train.OptimConfig(**config.optim.to_dict()))
-  graph, state = train.init_state(rm, opt)
+  graph, state = setup.init_state(rm, opt)
   gen = dict(levels=tuple(config.data.levels))
   pairs = domains.generate('preference', split='train', n=config.data.n_train,
                            seed=config.seed, **gen)
   held_out = domains.generate('preference', split='eval', n=config.eval_n,
                               seed=config.seed, **gen)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
-                                 max_to_keep=config.keep_checkpoints)
-  state, extra = train.resume(ckpt, state)
-  start = 0 if extra is None else ckpt.latest_step()
-  writer = metrics_lib.MetricsWriter(workdir, name='rm')
+  state, extra = setup.resume(state)
+  start = 0 if extra is None else setup.ckpt.latest_step()
+  writer = setup.writer()
   progress = metrics_lib.Progress(config.steps, label='reward_model',
                                   start=start)
-  acc0 = accuracy(graph, state, tok, held_out, config.data.seq_len)
+  acc0 = accuracy(graph, state, tok, held_out, config.data.seq_len,
+                  put=setup.put)
   bs = config.batch_size
   for step in range(start, config.steps):
     lo = (step * bs) % max(len(pairs) - bs, 1)
     batch = _pair_batch(tok, list(pairs[lo:lo + bs]), config.data.seq_len,
                         cross_prompt=config.data.get('cross_prompt_negatives',
                                                      False))
-    state, m = _train_step(state, jax.tree.map(jnp.asarray, batch),
-                           graph=graph, opt=opt)
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    state, m = _train_step(state, setup.put(batch), graph=graph, opt=opt)
+    m = {k: float(v) for k, v in sharding.to_host(m).items()}
     writer.write(step + 1, m)
     if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
       progress.update(step + 1, m)
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-      ckpt.save(step + 1, state.to_checkpoint(), {'data_position': step + 1})
-  ckpt.wait()
+      setup.save(step + 1, state, {'data_position': step + 1})
+  setup.ckpt.wait()
   t0 = time.perf_counter()
-  acc = accuracy(graph, state, tok, held_out, config.data.seq_len)
+  acc = accuracy(graph, state, tok, held_out, config.data.seq_len,
+                 put=setup.put)
   writer.write(config.steps, {'eval/heldout_accuracy': acc})
   result = dict(accuracy=acc, accuracy_before=acc0, n=len(held_out))
   print(f'[reward_model] held-out pairwise accuracy {acc:.3f} '
         f'(before training {acc0:.3f}, n={len(held_out)}, '
         f'{time.perf_counter() - t0:.0f}s)')
-  with open(os.path.join(workdir, 'rm_scores.json'), 'w') as f:
-    json.dump(result, f, indent=2)
-  ckpt.close()
+  setup.write_json('rm_scores.json', result)
+  setup.close()
   writer.close()
   return result
 
 
 class RewardFunction:
-  """A trained reward model as a learner reward: (records, responses) -> [B]."""
+  """A trained reward model as a learner reward: (records, responses) -> [B].
 
-  def __init__(self, run_dir: str):
+  With a stage's `setup`, its weights are restored onto that stage's mesh
+  and each batch of responses is split over it.
+  """
+
+  def __init__(self, run_dir: str, *, setup=None):
     if not os.path.isdir(os.path.join(run_dir, 'checkpoints')):
       raise FileNotFoundError(f'reward model: no checkpoint at {run_dir!r}')
     with open(os.path.join(run_dir, 'config.json')) as f:
       cfg = json.load(f)
+    ctx = None if setup is None else setup.ctx
     # Shapes only: the checkpoint holds every weight, backbone included.
-    mcfg, _, self.tok = train.model_shell(cfg['init_from'])
+    mcfg, _, self.tok = train.model_shell(
+        run_dir, memory=None if setup is None else setup.memory)
     rm = nnx.eval_shape(lambda: RewardModel(
-        model_lib.Transformer(mcfg, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(0)))
+        model_lib.Transformer(mcfg, rngs=nnx.Rngs(0), ctx=ctx),
+        rngs=nnx.Rngs(0)))
+    nnx.update(rm, sharding.abstract_state(ctx, nnx.state(rm)))
     self._graph, self._params, self._rest = train.restore_latest(rm, run_dir)
+    self._put = (lambda b: jax.tree.map(jnp.asarray, b)) if setup is None \
+        else setup.put
+    self._rows_multiple = 1 if ctx is None else ctx.shards('batch')
     self.seq_len = int(cfg['data']['seq_len'])
     self.last_dropped = 0.0   # of the last call: 0 unless a path drops
 
   def __call__(self, records, responses) -> np.ndarray:
     t, last = encode_pairs(self.tok, records, responses, self.seq_len)
-    s, dropped = _scores(self._graph, self._params, self._rest, t, last)
+    n = len(t)
+    # Rows padded (copies of the first) to a multiple of the devices the
+    # batch is split over: scores are per row (no token dropped).
+    pad = -n % self._rows_multiple
+    t, last = (np.concatenate([x, np.repeat(x[:1], pad, 0)]) for x in (t, last))
+    b = self._put(dict(tokens=t, last=last))
+    s, dropped = sharding.to_host(_scores(self._graph, self._params,
+                                          self._rest, b['tokens'], b['last']))
     self.last_dropped = float(dropped)
-    return np.asarray(s, np.float32)
+    return np.asarray(s, np.float32)[:n]
 
 
-def load(run_dir: str) -> RewardFunction:
-  return RewardFunction(run_dir)
+def load(run_dir: str, *, setup=None) -> RewardFunction:
+  return RewardFunction(run_dir, setup=setup)

@@ -29,6 +29,7 @@ from cascade_jax import domains
 from cascade_jax import losses
 from cascade_jax import model as model_lib
 from cascade_jax import rollout
+from cascade_jax import sharding
 from cascade_jax import train
 from cascade_jax.rl._batch import training_batch
 
@@ -90,28 +91,35 @@ class RLConfig:
 
 
 def _forward_logp(params, rest, graph, batch, replay, sc: rollout.SampleConfig,
-                  moe: tuple = ()):
+                  moe: tuple = (), entropy: bool = False):
   """Log-probs of the targets under the distribution the sampler drew from.
 
   softmax(processed logits): temperature, then top-k / top-p as the sampler
   applied them, so a token drawn from the kept set is scored renormalised
   over that set (the set of the size the sampler recorded, `batch['kept']`,
   else `rollout.process_logits` again). `moe`: (name, value) pairs of
-  `model.exact_dispatch`, so that no token is dropped.
+  `model.exact_dispatch`, so that no token is dropped. The output head runs
+  `logits_chunk` positions at a time (`train.token_stats`).
 
-  Returns (logp [B, T], processed logits [B, T, V], info).
+  Returns (logp [B, T], entropy [B, T] of the processed distribution or
+  None, info).
   """
   model = nnx.merge(graph, params, rest)
-  logits, info = model(batch['inputs'], positions_bt=batch['positions'],
-                       segment_ids_bt=batch['segment_ids'],
-                       expert_idx=replay, **dict(moe))
+  _, info = model(batch['inputs'], positions_bt=batch['positions'],
+                  segment_ids_bt=batch['segment_ids'], expert_idx=replay,
+                  return_logits=False, **dict(moe))
+  aux = {}
   if rollout.truncates(sc) and 'kept' in batch:
     # The sampler's own kept-set sizes: the learner's logits differ from
     # the sampler's by rounding, which can move a top-p boundary.
-    logits = rollout.keep_top_n(logits / sc.temperature, batch['kept'])
+    aux['kept'] = batch['kept']
+    process = lambda lg, ax: rollout.keep_top_n(lg / sc.temperature, ax['kept'])
   else:
-    logits = rollout.process_logits(logits, sc)
-  return train.token_logprobs(logits, batch['targets']), logits, info
+    process = lambda lg, ax: rollout.process_logits(lg, sc)
+  logp, ent = train.token_stats(model.logits, info['hidden'], batch['targets'],
+                                chunk=model.cfg.logits_chunk, process=process,
+                                aux=aux, entropy=entropy)
+  return logp, ent, info
 
 
 def frozen_logprobs(graph, params, rest, batch, replay=None, *,
@@ -156,8 +164,9 @@ def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig,
   replay = batch.get('expert_idx')
 
   def loss_fn(params):
-    logp, logits, info = _forward_logp(params, state.rest, graph, batch,
-                                       replay, cfg.sample_config, moe)
+    logp, ent, info = _forward_logp(params, state.rest, graph, batch,
+                                    replay, cfg.sample_config, moe,
+                                    entropy=True)
     if cfg.algorithm == 'grpo':
       loss, m = losses.grpo_loss(
           logp, batch['advantages'], batch['mask'],
@@ -170,8 +179,7 @@ def update(state: train.TrainState, batch, *, graph, opt, cfg: RLConfig,
           reward_advantages=batch.get('advantages'),
           reward_weight=cfg.mopd_reward_weight)
     mask = batch['mask'].astype(jnp.float32)
-    ent = jnp.sum(train.token_entropy(logits) * mask) / jnp.maximum(
-        mask.sum(), 1.0)
+    ent = jnp.sum(ent * mask) / jnp.maximum(mask.sum(), 1.0)
     return loss + info['aux_loss'], dict(
         m, entropy=ent, **_on_policy_metrics(logp, batch, info))
 
@@ -292,7 +300,7 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     ro = rollout.generate_padded(policy, ptoks, plens, cfg=sc,
                                  stop_id=tok.im_end, pad_id=tok.pad_id,
                                  key=sub, record_experts=cfg.routing_replay)
-    ro = jax.device_get(ro)
+    ro = sharding.to_host(ro)
     stats['sample_s'] += time.perf_counter() - t0
     t0 = time.perf_counter()
     texts = [tok.decode([t for t, m in zip(row, mk) if m and t != tok.im_end])

@@ -11,9 +11,7 @@ and, run again after a kill, resumes where it stopped.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
 
 import jax
@@ -22,12 +20,12 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cascade_jax import checkpoint
 from cascade_jax import domains
 from cascade_jax import losses
 from cascade_jax import metrics as metrics_lib
 from cascade_jax import reward_model
 from cascade_jax import rollout
+from cascade_jax import sharding
 from cascade_jax import train
 from cascade_jax.rl._learner import check_on_policy
 from cascade_jax.rl._learner import collect
@@ -39,27 +37,34 @@ from cascade_jax.rl._learner import update
 from cascade_jax.rl._learner import verifier_rewards
 
 
-def load_teachers(teachers: dict[str, str]) -> dict[str, tuple]:
-  """Frozen teachers by domain, from run directories; a missing one is an error."""
+def load_teachers(teachers: dict[str, str], setup: train.Setup | None = None
+                  ) -> dict[str, tuple]:
+  """Frozen teachers by domain, from run directories, on the stage's mesh;
+  a missing one is an error."""
   out = {}
-  for dom, run_dir in teachers.items():
+  for dom, run_path in teachers.items():
+    run_dir = setup.path(run_path) if setup is not None else run_path
     if not run_dir or not os.path.isdir(os.path.join(run_dir, 'checkpoints')):
       raise FileNotFoundError(
           f'MOPD teacher for domain {dom!r}: no checkpoint at {run_dir!r}')
-    _, m, _ = train.restore_run(run_dir)
+    _, m, _ = (setup.restore(run_path) if setup is not None else
+               train.restore_run(run_dir))
     graph, params, rest = nnx.split(m, nnx.Param, ...)
     out[dom] = (graph, params, rest)
   return out
 
 
-def _teacher_logp(teachers, batch, recs, *, temperature: float = 1.0):
+def _teacher_logp(teachers, batch, recs, *, temperature: float = 1.0,
+                  put=None, rows_multiple: int = 1):
   """Each example scored by its own domain's teacher (no mixing), and no other.
 
   A teacher runs on its domain's rows alone, padded (with copies of its
-  first row) to the next power of two: a few shapes, one compile each, and
-  no teacher scores another domain's rows. Returns (log-probs [B, T], the
-  largest dropped fraction of any teacher's forward).
+  first row) to the next power of two (and to a multiple of the devices
+  the batch is split over): a few shapes, one compile each, and no teacher
+  scores another domain's rows. Returns (log-probs [B, T], the largest
+  dropped fraction of any teacher's forward).
   """
+  put = put or (lambda b: {k: jnp.asarray(v) for k, v in b.items()})
   doms = np.asarray([r['domain'] for r in recs])
   missing = sorted({str(d) for d in doms} - set(teachers))
   if missing:
@@ -71,14 +76,15 @@ def _teacher_logp(teachers, batch, recs, *, temperature: float = 1.0):
     rows = np.flatnonzero(doms == dom)
     if not rows.size:
       continue
-    size = min(1 << (rows.size - 1).bit_length(), len(doms))
+    size = max(1 << (rows.size - 1).bit_length(), rows_multiple)
+    size = min(-(-size // rows_multiple) * rows_multiple, len(doms))
     take = np.concatenate([rows, np.full(size - rows.size, rows[0])])
-    sub = {k: jnp.asarray(batch[k][take]) for k in _FORWARD_KEYS}
+    sub = {k: np.asarray(batch[k][take]) for k in _FORWARD_KEYS}
     moe = exact_moe(graph_config(graph, params, rest), sub)
-    lp, dr = _frozen(graph, params, rest, sub, temperature=temperature,
+    lp, dr = _frozen(graph, params, rest, put(sub), temperature=temperature,
                      moe=moe)
-    out[rows] = np.asarray(lp)[:rows.size]
-    dropped = max(dropped, float(dr))
+    out[rows] = sharding.to_host(lp)[:rows.size]
+    dropped = max(dropped, float(sharding.to_host(dr)))
   return out, dropped
 
 
@@ -94,21 +100,17 @@ def graph_config(graph, params, rest):
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) one RL stage; returns the final eval scores."""
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(config.to_json_best_effort(indent=2))
-  cfg, policy, tok = train.restore_run(config.init_from)
-  shutil.copy(os.path.join(config.init_from, 'tokenizer.model'),
-              os.path.join(workdir, 'tokenizer.model'))
+  setup = train.Setup.create(config, workdir, name='rl')
+  _, policy, tok = setup.restore(config.init_from, record=True)
   rc = RLConfig(**config.rl.to_dict())
   oc = train.OptimConfig(**config.optim.to_dict())
   opt = train.make_optimizer(oc)
-  graph, state = train.init_state(policy, opt)
+  graph, state = setup.init_state(policy, opt)
   ref = None
   if rc.kl_coef:  # a frozen copy: the policy's own buffers are donated
     g, p, r = nnx.split(policy, nnx.Param, ...)
     ref = (g, jax.tree.map(jnp.copy, p), jax.tree.map(jnp.copy, r))
-  teachers = load_teachers(dict(config.teachers)) if (
+  teachers = load_teachers(dict(config.teachers), setup) if (
       rc.algorithm == 'mopd') else {}
 
   gen = dict(config.data.to_dict())
@@ -124,14 +126,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
            for d in doms} if config.eval_n else {}
   reward_fn = reward_rm = None
   if config.get('reward_model'):
-    reward_fn = reward_rm = reward_model.load(config.reward_model)
+    reward_fn = reward_rm = reward_model.load(
+        setup.path(config.reward_model), setup=setup)
     print(f'[rl] rewards from the reward model at {config.reward_model}')
   reward_fn = reward_fn or verifier_rewards
 
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
-                                 max_to_keep=config.keep_checkpoints)
-  state, extra = train.resume(ckpt, state)
-  start = 0 if extra is None else ckpt.latest_step()   # RL steps, not updates
+  state, extra = setup.resume(state)
+  start = 0 if extra is None else setup.ckpt.latest_step()  # RL steps
   # The learner's largest MoE capacity so far: each new one compiles the
   # update once; checkpointed, so that a resumed run computes with the
   # shapes (and so the float sums) of an uninterrupted one.
@@ -142,13 +143,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(f'[rl] resumed from step {start}')
   # Rows past the checkpoint were written by the run that was killed: the
   # steps after it run again and write them anew.
-  writer = metrics_lib.MetricsWriter(
-      workdir, name='rl', keep=lambda row: _written_before(row, start,
-                                                           config.steps))
+  writer = setup.writer(keep=lambda row: _written_before(row, start,
+                                                         config.steps))
   if start == 0:
     _evaluate(graph, state, tok, evals, writer, 0)
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
+  rows_multiple = 1 if setup.ctx is None else setup.ctx.shards('batch')
   key0 = jax.random.key(config.seed)
   for step in range(start, config.steps):
     t0 = time.perf_counter()
@@ -172,22 +173,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
           scale=rc.advantage_scale))
       if teachers:
         batch['teacher_logp'], m['dropped_teacher'] = _teacher_logp(
-            teachers, batch, recs, temperature=rc.temperature)
+            teachers, batch, recs, temperature=rc.temperature, put=setup.put,
+            rows_multiple=rows_multiple)
       if ref is not None:
-        fwd = {k: jnp.asarray(batch[k]) for k in _FORWARD_KEYS}
-        lp, dr = _frozen(*ref, fwd, temperature=rc.temperature,
+        fwd = {k: batch[k] for k in _FORWARD_KEYS}
+        lp, dr = _frozen(*ref, setup.put(fwd), temperature=rc.temperature,
                          moe=exact_moe(graph_config(*ref), fwd))
-        batch['ref_logp'], m['dropped_reference'] = np.asarray(lp), float(dr)
+        batch['ref_logp'], m['dropped_reference'] = sharding.to_host(
+            (lp, dr))
       t1 = time.perf_counter()
       state, um = update_minibatches(state, batch, graph=graph, opt=opt,
-                                     cfg=rc, min_capacity=capacity)
+                                     cfg=rc, min_capacity=capacity,
+                                     put=setup.put)
       capacity = max(capacity, int(um['moe_capacity']))
       m.update(um, train_s=time.perf_counter() - t1,
                response_length=float(batch['mask'].sum(1).mean()))
     else:  # every group was filtered: nothing to learn from this step
       probe = st['probe']
-      m.update({k: float(v) for k, v in jax.device_get(check_on_policy(
-          state.params, state.rest, jax.tree.map(jnp.asarray, probe),
+      m.update({k: float(v) for k, v in sharding.to_host(check_on_policy(
+          state.params, state.rest, setup.put(probe),
           graph=graph, cfg=rc, moe=exact_moe(
               graph_config(graph, state.params, state.rest), probe))).items()})
     m['step_s'] = time.perf_counter() - t0
@@ -203,20 +207,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         step + 1 < config.steps):
       _evaluate(graph, state, tok, evals, writer, step + 1)
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-      ckpt.save(step + 1, state.to_checkpoint(),
-                {'prompt_position': stream.position,
-                 'moe_capacity': capacity})
-  ckpt.wait()
+      setup.save(step + 1, state, {'prompt_position': stream.position,
+                                   'moe_capacity': capacity})
+  setup.ckpt.wait()
   scores = _evaluate(graph, state, tok, evals, writer, config.steps)
-  with open(os.path.join(workdir, 'rl_scores.json'), 'w') as f:
-    json.dump({k: v.__dict__ for k, v in scores.items()}, f, indent=2)
-  ckpt.close()
+  setup.write_json('rl_scores.json', {k: v.__dict__ for k, v in scores.items()})
+  setup.close()
   writer.close()
   return scores
 
 
 def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig,
-                       min_capacity: int = 0):
+                       min_capacity: int = 0, put=None):
   """`updates_per_batch` optimizer steps, one per minibatch of whole groups.
 
   With one update (the recipe's default) this is strictly on-policy. With
@@ -226,9 +228,11 @@ def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig,
   routing at a capacity that fits it, and at least `min_capacity` (pass the
   run's largest so far, metrics['moe_capacity']: the update then compiles
   again only when a batch needs more, a few times a stage).
+  `put`: places a minibatch on the mesh (`train.Setup.put`).
   Returns (state, metrics): means over the minibatches; worst cases
   (`*_max`, dropped fractions, capacity) maxima.
   """
+  put = put or (lambda b: jax.tree.map(jnp.asarray, b))
   n = cfg.updates_per_batch
   rows = batch['mask'].shape[0]
   if rows % n or (rows // n) % cfg.rollouts_per_prompt:
@@ -243,9 +247,8 @@ def update_minibatches(state, batch, *, graph, opt, cfg: RLConfig,
     sl = slice(i * size, (i + 1) * size)
     mb = {k: v[:, sl] if k == 'expert_idx' else v[sl] for k, v in batch.items()}
     moe = exact_moe(model_cfg, mb, min_capacity=min_capacity)
-    state, um = update(state, jax.tree.map(jnp.asarray, mb), graph=graph,
-                       opt=opt, cfg=cfg, moe=moe)
-    ms.append(dict(jax.device_get(um),
+    state, um = update(state, put(mb), graph=graph, opt=opt, cfg=cfg, moe=moe)
+    ms.append(dict(sharding.to_host(um),
                    moe_capacity=dict(moe).get('moe_capacity', 0)))
   # Worst cases are maxima over the minibatches, the rest means.
   worst = lambda k: (k.endswith('_max') or k.startswith('dropped') or

@@ -238,7 +238,25 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
                     cfg: SampleConfig, stop_id: int, pad_id: int = 0,
                     key: jax.Array | None = None,
                     record_experts: bool = False) -> Rollout:
-  """`generate` on prompts already left-padded by `pad_prompts`."""
+  """`generate` on prompts already left-padded by `pad_prompts`.
+
+  On a mesh the rows are padded (copies of the last) to a multiple of the
+  devices the batch is split over, and the padding dropped from the result:
+  a row's tokens do not depend on the padding (its Gumbel noise is a prefix
+  of the larger batch's, and decoding is per row).
+  """
+  ctx = getattr(model, 'ctx', None)
+  pad = 0 if ctx is None else -len(lengths_b) % ctx.shards('batch')
+  if pad:
+    tokens_bp, lengths_b = (np.concatenate([np.asarray(x),
+                                            np.repeat(np.asarray(x)[-1:], pad,
+                                                      0)])
+                            for x in (tokens_bp, lengths_b))
+    out = generate_padded(model, tokens_bp, lengths_b, cfg=cfg,
+                          stop_id=stop_id, pad_id=pad_id, key=key,
+                          record_experts=record_experts)
+    n = len(lengths_b) - pad
+    return jax.tree.map(lambda x: x[:, :n] if x.ndim == 4 else x[:n], out)
   graph, state = nnx.split(model)
   key = jax.random.key(0) if key is None else key
   tokens_bp = jnp.asarray(tokens_bp)

@@ -1,6 +1,5 @@
 """The SFT stage: packed next-token training with Orbax checkpoints and resume."""
 
-from cascade_jax.sft._trainer import build_model
 from cascade_jax.sft._trainer import eval_sets
 from cascade_jax.sft._trainer import run
 from cascade_jax.sft._trainer import tokenizer_for

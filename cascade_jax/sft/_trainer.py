@@ -12,7 +12,6 @@ and resumes from its latest checkpoint when started again.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from typing import Any
@@ -20,15 +19,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import nnx
 
-from cascade_jax import checkpoint
 from cascade_jax import data
 from cascade_jax import domains
 from cascade_jax import metrics as metrics_lib
-from cascade_jax import model as model_lib
 from cascade_jax import rollout
 from cascade_jax import sharding
 from cascade_jax import train
@@ -36,9 +32,11 @@ from cascade_jax import train
 
 def _loss_fn(params, rest, graph, batch, n_tokens, aux_scale):
   model = nnx.merge(graph, params, rest)
-  logits, info = model(batch['inputs'], positions_bt=batch['positions'],
-                       segment_ids_bt=batch['segment_ids'])
-  nll, _ = train.masked_nll_sum(logits, batch['targets'], batch['mask'])
+  _, info = model(batch['inputs'], positions_bt=batch['positions'],
+                  segment_ids_bt=batch['segment_ids'], return_logits=False)
+  logp, _ = train.token_stats(model.logits, info['hidden'], batch['targets'],
+                              chunk=model.cfg.logits_chunk)
+  nll = -jnp.sum(logp * batch['mask'].astype(jnp.float32))
   loss = nll / n_tokens + aux_scale * info['aux_loss']
   return loss, (nll, info.get('router', {}))
 
@@ -121,43 +119,17 @@ def eval_sets(config) -> dict[str, list[dict]]:
   return sets
 
 
-def build_model(config, ctx):
-  cfg = train.model_config(config.model.preset,
-                           config.model.overrides.to_dict())
-  model = model_lib.Transformer(cfg, rngs=nnx.Rngs(config.seed), ctx=ctx)
-  if ctx is not None:
-    sharding.shard_model(model, ctx)
-  return cfg, model
-
-
-def mesh_ctx(config):
-  shape = dict(config.mesh.to_dict()) if config.get('mesh') else {}
-  if not shape or jax.device_count() == 1:
-    return None
-  return sharding.ShardingCtx(sharding.make_mesh(shape))
-
-
-def put_batch(batch, ctx):
-  if ctx is None:
-    return {k: jnp.asarray(v) for k, v in batch.items()}
-  return {k: sharding.put(np.asarray(v), ctx.sharding(('batch', None), v.shape))
-          for k, v in batch.items()}
-
-
 # ------------------------------------------------------------------- run
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (or resumes) an SFT run in `workdir`; returns the final scores."""
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    f.write(config.to_json_best_effort(indent=2))
-  ctx = mesh_ctx(config)
-  cfg, model = build_model(config, ctx)
-  tok = tokenizer_for(config, workdir, cfg.vocab_size)
+  setup = train.Setup.create(config, workdir, name='sft')
+  cfg, model = setup.new_model(config.model.to_dict(), config.seed)
+  tok = _main_first(lambda: tokenizer_for(config, workdir, cfg.vocab_size))
   oc = train.OptimConfig(**config.optim.to_dict())
   opt = train.make_optimizer(oc)
-  graph, state = train.init_state(model, opt)
+  graph, state = setup.init_state(model, opt)
 
   ds, reports = data.build_dataset(
       tok, {k: v.to_dict() for k, v in config.data.sources.items()},
@@ -172,15 +144,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
              f'empty, {r.skipped_rows} malformed rows'
              if r.skipped_too_long + r.skipped_empty + r.skipped_rows else ''))
 
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'),
-                                 max_to_keep=config.keep_checkpoints)
-  state, extra = train.resume(ckpt, state)
+  state, extra = setup.resume(state)
   start = int(state.step)
   if extra is not None:
     it.set_state(extra['data'])
-    print(f'[sft] resumed from step {start} ({ckpt.directory})')
+    print(f'[sft] resumed from step {start} ({setup.ckpt.directory})')
 
-  writer = metrics_lib.MetricsWriter(workdir, name='sft')
+  writer = setup.writer()
   progress = metrics_lib.Progress(config.steps, label='sft', start=start)
   evals = eval_sets(config)
   sched = train.schedule(oc)
@@ -193,10 +163,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for step in range(start, config.steps):
     batch = next(it)
     eff = data.packing_efficiency(batch)
-    state, m = step_fn(state, put_batch(batch, ctx))
+    state, m = step_fn(state, setup.put(batch))
     tok_count += float((batch['segment_ids'] > 0).sum())
     if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-      m = jax.device_get(m)
+      m = sharding.to_host(m)
       dt = time.perf_counter() - t_last
       # tokens_per_s: every non-padding token processed (loss tokens are
       # the assistant turns only, `tokens` per step).
@@ -210,14 +180,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         step + 1 < config.steps):
       _evaluate(graph, state, tok, evals, writer, step + 1)
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-      ckpt.save(step + 1, state.to_checkpoint(), {'data': it.get_state()})
-  ckpt.wait()
+      setup.save(step + 1, state, {'data': it.get_state()})
+  setup.ckpt.wait()
   scores = _evaluate(graph, state, tok, evals, writer, config.steps)
-  with open(os.path.join(workdir, 'sft_scores.json'), 'w') as f:
-    json.dump({k: v.__dict__ for k, v in scores.items()}, f, indent=2)
-  ckpt.close()
+  setup.write_json('sft_scores.json', {k: v.__dict__ for k, v in scores.items()})
+  setup.close()
   writer.close()
   return scores
+
+
+def _main_first(fn):
+  """fn() on process 0 first (it may write a file the others then read)."""
+  if jax.process_count() == 1:
+    return fn()
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  out = fn() if train.is_main_process() else None
+  multihost_utils.sync_global_devices('sft: tokenizer written')
+  return out if out is not None else fn()
 
 
 def _evaluate(graph, state, tok, evals, writer, step):

@@ -56,3 +56,29 @@ def shard_model(model: nnx.Module, ctx: ShardingCtx) -> nnx.Module:
   placed = jax.tree.map(put, state, state_shardings(ctx, state))
   nnx.update(model, placed)
   return model
+
+
+def to_host(tree):
+  """numpy values of a pytree of arrays, on every process.
+
+  `jax.device_get` refuses arrays that span other processes' devices; those
+  are gathered (replicated ones read from a local copy).
+  """
+  def get(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return np.asarray(x)
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return jax.tree.map(get, tree)
+
+
+def abstract_state(ctx: ShardingCtx | None, state: nnx.State) -> nnx.State:
+  """`state` (e.g. of `nnx.eval_shape`) as ShapeDtypeStructs with the
+  shardings of the rules: what a checkpoint restores straight into, on
+  every device at once, without first building the weights."""
+  def leaf(v):
+    sh = None if ctx is None else ctx.sharding(_axes(v), v.shape)
+    return v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh))
+  return jax.tree.map(leaf, state, is_leaf=_is_var)

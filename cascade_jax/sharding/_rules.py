@@ -46,6 +46,29 @@ DEFAULT_RULES: Rules = (
 )
 
 
+def rules_from_config(overrides: Mapping[str, str] | None) -> Rules:
+  """DEFAULT_RULES with some logical axes remapped, as config data.
+
+  `overrides`: logical axis -> mesh axes as a comma-separated string
+  ('' replicates), e.g. {'embed': 'fsdp', 'batch': 'data,fsdp,expert'}.
+  """
+  overrides = dict(overrides or {})
+  unknown = sorted(set(overrides) - set(LOGICAL_AXES))
+  if unknown:
+    raise ValueError(f'rules: unknown logical axes {unknown}; known: '
+                     f'{LOGICAL_AXES}')
+  rules = []
+  for logical, target in DEFAULT_RULES:
+    if logical in overrides:
+      axes = tuple(a.strip() for a in str(overrides[logical]).split(',')
+                   if a.strip())
+      target = None if not axes else axes[0] if len(axes) == 1 else axes
+    rules.append((logical, target))
+  rules = tuple(rules)
+  validate_rules(rules)
+  return rules
+
+
 def _as_tuple(x) -> tuple[str, ...]:
   if x is None:
     return ()
@@ -116,6 +139,11 @@ class ShardingCtx:
   def __post_init__(self):
     validate_rules(self.rules)
 
+  @staticmethod
+  def axes_tuple(target) -> tuple[str, ...]:
+    """A rule's target (None, an axis, or axes) as a tuple of mesh axes."""
+    return _as_tuple(target)
+
   def axis_size(self, name: str | None) -> int:
     return 1 if name is None else self.mesh.shape[name]
 
@@ -127,6 +155,11 @@ class ShardingCtx:
       if name == logical:
         return tuple(a for a in _as_tuple(target) if self.mesh.shape[a] > 1)
     return ()
+
+  def shards(self, logical: str) -> int:
+    """How many ways a logical axis is split (e.g. 'batch': rows per step
+    must be a multiple of it)."""
+    return math.prod(self.mesh.shape[a] for a in self.mesh_axes(logical))
 
   def spec(self, logical_axes: Sequence[str | None],
            shape: Sequence[int] | None = None) -> P:

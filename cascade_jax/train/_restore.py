@@ -10,38 +10,48 @@ from flax import nnx
 from cascade_jax import checkpoint
 from cascade_jax import data
 from cascade_jax import model as model_lib
+from cascade_jax import sharding
 from cascade_jax.train._state import model_config
 
 
-def restore_run(run_dir: str, *, ctx=None):
+def restore_run(run_dir: str, *, ctx=None, memory: dict | None = None):
   """(model config, model with the run's latest weights, tokenizer).
 
-  Reads the run's resolved `config.json`, rebuilds its model and optimizer
-  state layout, and restores the latest checkpoint into it.
+  Rebuilds the run's model (model.json) as shapes only and restores the
+  latest checkpoint's weights into it, on `ctx`'s mesh straight into their
+  shardings. `memory`: ModelConfig fields that change how the model
+  computes, not its weights (remat, scan_layers, logits_chunk, dtype).
   """
-  cfg, model, tok = model_shell(run_dir, ctx=ctx)
+  cfg, model, tok = model_shell(run_dir, ctx=ctx, memory=memory)
   graph, params, rest = restore_latest(model, run_dir)
   return cfg, nnx.merge(graph, params, rest), tok
 
 
-def model_shell(run_dir: str, *, ctx=None):
-  """(model config, the run's model without its weights, tokenizer).
+def model_shell(run_dir: str, *, ctx=None, memory: dict | None = None):
+  """(model config, the run's model as shapes only, tokenizer).
 
-  Unsharded the model is abstract (`nnx.eval_shape`: shapes only, no random
-  init to throw away); sharded it holds real arrays, whose shardings a
-  restore follows.
+  The model's variables are `jax.ShapeDtypeStruct`s (with the rules'
+  shardings on `ctx`'s mesh): no random init to throw away, nothing
+  allocated until a restore fills them.
   """
-  cfg_path = os.path.join(run_dir, 'config.json')
-  if not os.path.exists(cfg_path):
+  if not os.path.exists(os.path.join(run_dir, 'config.json')):
     raise FileNotFoundError(f'{run_dir} is not a run directory (no '
                             'config.json)')
   m = model_spec(run_dir)
   cfg = model_config(m['preset'], m.get('overrides') or {})
-  build = lambda: model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
-  model = nnx.eval_shape(build) if ctx is None else build()
+  cfg = cfg.replace(**dict(memory or {}))
+  model = abstract_model(cfg, ctx)
   tok = data.load_tokenizer(os.path.join(run_dir, 'tokenizer.model'))
   data.check_vocab(tok, cfg.vocab_size)
   return cfg, model, tok
+
+
+def abstract_model(cfg, ctx=None) -> model_lib.Transformer:
+  """A Transformer of ShapeDtypeStructs, sharded by the rules on `ctx`."""
+  model = nnx.eval_shape(
+      lambda: model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx))
+  nnx.update(model, sharding.abstract_state(ctx, nnx.state(model)))
+  return model
 
 
 def restore_latest(module: nnx.Module, run_dir: str):
@@ -65,12 +75,24 @@ def restore_latest(module: nnx.Module, run_dir: str):
 
 
 def model_spec(run_dir: str) -> dict:
-  """The model (preset + overrides) a run trained: its own config's, or,
-  for a stage started from another run, that run's (recursively)."""
+  """The model (preset + overrides) a run trained: its `model.json`.
+
+  Runs written before stages recorded their model: their own config's, or
+  that of the run they started from (a relative `init_from` is a sibling
+  in the cascade's directory).
+  """
+  path = os.path.join(run_dir, 'model.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
   with open(os.path.join(run_dir, 'config.json')) as f:
     run_cfg = json.load(f)
   if 'model' in run_cfg:
     return run_cfg['model']
   if run_cfg.get('init_from'):
-    return model_spec(run_cfg['init_from'])
-  raise ValueError(f'{run_dir}/config.json names no model and no init_from')
+    init = run_cfg['init_from']
+    if not os.path.isabs(init):
+      init = os.path.join(os.path.dirname(os.path.abspath(run_dir)), init)
+    return model_spec(init)
+  raise ValueError(f'{run_dir} has no model.json, and its config.json names '
+                   'no model and no init_from')

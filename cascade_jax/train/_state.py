@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 
 from cascade_jax import model as model_lib
 
@@ -100,9 +102,39 @@ class TrainState:
 
 def init_state(model: nnx.Module, opt: optax.GradientTransformation
                ) -> tuple[nnx.GraphDef, TrainState]:
+  """(graph, state): the model's weights and a fresh optimizer state.
+
+  On a mesh the optimizer state is sharded like the parameters it tracks
+  (FSDP: Adam's two moments cost 8 bytes per parameter, split over the
+  same devices as the parameter), its counters replicated. Left to
+  propagation, `opt.init`'s zeros would land on one device.
+  """
   graph, params, rest = nnx.split(model, nnx.Param, ...)
-  opt_state = jax.jit(opt.init)(params)
-  return graph, TrainState(params, rest, opt_state, jnp.zeros((), jnp.int32))
+  shardings = opt_state_shardings(opt, params)
+  opt_state = jax.jit(opt.init, out_shardings=shardings)(params)
+  step = jnp.zeros((), jnp.int32)
+  if shardings is not None:   # replicated on the mesh, as restored
+    mesh = jax.tree.leaves(shardings)[0].mesh
+    step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=(
+        NamedSharding(mesh, PartitionSpec())))()
+  return graph, TrainState(params, rest, opt_state, step)
+
+
+def opt_state_shardings(opt: optax.GradientTransformation, params):
+  """Shardings of `opt.init(params)`: each parameter's own for the state
+  that tracks it, replicated for the rest; None off a mesh.
+
+  `params` may hold arrays or `jax.ShapeDtypeStruct`s with shardings.
+  """
+  shardings = [getattr(x, 'sharding', None) for x in jax.tree.leaves(params)]
+  if not any(isinstance(s, NamedSharding) for s in shardings):
+    return None
+  mesh = next(s.mesh for s in shardings if isinstance(s, NamedSharding))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  return optax.tree_map_params(
+      opt, lambda _, x: getattr(x, 'sharding', replicated),
+      jax.eval_shape(opt.init, params), params,
+      transform_non_params=lambda _: replicated)
 
 
 def resume(ckpt, state: TrainState) -> tuple[TrainState, dict | None]:
