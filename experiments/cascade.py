@@ -8,6 +8,7 @@ the unfinished one resumes from its last checkpoint.
 
 import time
 
+import jax
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -15,6 +16,7 @@ from ml_collections import config_flags
 from cascade_jax import cascade
 from cascade_jax import report
 from cascade_jax import utils
+from experiments import _launch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/cascade.py', 'Cascade config.', lock_config=True)
@@ -24,9 +26,12 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/cascade', 'Run directory.')
 def main(argv):
   del argv
   utils.quiet_logs()
+  _launch.start()
   utils.enable_compilation_cache()
   t0 = time.perf_counter()
   records = cascade.run(_CONFIG.value, _WORKDIR.value)
+  if jax.process_index():   # process 0 writes the report
+    return
   out = report.cascade_report(_WORKDIR.value, records)
   print(f'\n[cascade] finished in {time.perf_counter() - t0:.0f}s; report: '
         f"{out['markdown']}\n")

@@ -17,6 +17,7 @@ from ml_collections import config_flags
 
 from cascade_jax import cascade
 from cascade_jax import utils
+from experiments import _launch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/cascade.py', 'The cascade config the run used.',
@@ -34,6 +35,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the rerun writes.',
 def main(argv):
   del argv
   utils.quiet_logs()
+  _launch.start()
   utils.enable_compilation_cache()
   rows = cascade.rerun_stage(_CONFIG.value, _RUN.value, _STAGE.value,
                              _WORKDIR.value, init_from=_INIT.value)

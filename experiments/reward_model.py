@@ -10,6 +10,7 @@ from ml_collections import config_flags
 
 from cascade_jax import reward_model
 from cascade_jax import utils
+from experiments import _launch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/reward_model.py', 'Reward model config.',
@@ -21,6 +22,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.',
 def main(argv):
   del argv
   utils.quiet_logs()
+  _launch.start()
   utils.enable_compilation_cache()
   reward_model.train_run(_CONFIG.value, _WORKDIR.value)
 

@@ -9,6 +9,7 @@ from ml_collections import config_flags
 
 from cascade_jax import sft
 from cascade_jax import utils
+from experiments import _launch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/sft.py', 'SFT config.', lock_config=True)
@@ -19,6 +20,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.',
 def main(argv):
   del argv
   utils.quiet_logs()
+  _launch.start()
   utils.enable_compilation_cache()
   sft.run(_CONFIG.value, _WORKDIR.value)
 

@@ -139,21 +139,31 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
     assert line.split()[-1] == f"{check['sampler_mismatch_max']:.1e}"
 
 
-def test_a_killed_stage_resumes(tmp_path):
+def test_a_killed_stage_resumes(tmp_path, monkeypatch):
   c = cascade_config.get_config('quick')
   c.order = 'sft,if_rl'
-  cascade.run(c, str(tmp_path))
-  # Pretend the RL stage was killed after its checkpoint at step 1.
-  os.remove(tmp_path / 'if_rl' / 'stage.json')
+  cascade.run(c, str(tmp_path / 'first'))
+  # Each stage records its model; stage paths are relative to the cascade.
+  assert json.load(open(tmp_path / 'first' / 'if_rl' / 'model.json')) == (
+      json.load(open(tmp_path / 'first' / 'sft' / 'model.json')))
+  assert json.load(open(tmp_path / 'first' / 'if_rl' / 'config.json'))[
+      'init_from'] == 'sft'
+  # Pretend the RL stage was killed after its checkpoint at step 1, and the
+  # cascade's directory was moved before it was started again.
+  os.remove(tmp_path / 'first' / 'if_rl' / 'stage.json')
+  os.rename(tmp_path / 'first', tmp_path / 'moved')
   c.stages.if_rl.steps = 3
-  records = cascade.run(c, str(tmp_path))
+  records = cascade.run(c, str(tmp_path / 'moved'))
+  tmp_path = tmp_path / 'moved'
   rows = [json.loads(l) for l in open(tmp_path / 'if_rl' / 'rl_metrics.jsonl')]
   steps = [r['step'] for r in rows if 'reward_mean' in r]
   assert steps == [1, 2, 3]          # 1-2 before the "kill", 3 after resume
   assert records[-1]['name'] == 'if_rl'
-  # The stage again, from the run's SFT checkpoint, with another lr.
+  # The stage again, from the run's SFT checkpoint, with another lr, from
+  # another current directory (relative paths).
   c.stages.if_rl.optim.lr = 1e-3
-  rows = cascade.rerun_stage(c, str(tmp_path), 'if_rl', str(tmp_path / 'again'))
+  monkeypatch.chdir(tmp_path / 'if_rl')
+  rows = cascade.rerun_stage(c, '..', 'if_rl', str(tmp_path / 'again'))
   assert rows[0]['domain'] == 'instruction_following' and rows[0]['own']
   assert len(rows) == 7 and not any(r['own'] for r in rows[1:])
   after = cascade.score_stage(

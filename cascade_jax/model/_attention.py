@@ -94,9 +94,12 @@ class Attention(nnx.Module):
         q, kk = self.q_norm(q), self.k_norm(kk)
       if cfg.use_rope:
         q, kk = ops.apply_rope(q, *rope_cs), ops.apply_rope(kk, *rope_cs)
-      out = ops.attention(q, kk, v, scale=h ** -0.5, mask_bts=mask_bts,
-                          segment_ids=(segment_ids_bt, segment_ids_bt),
-                          positions=(positions_bt, positions_bt))
+      out = ops.attention(
+          q, kk, v, scale=h ** -0.5, mask_bts=mask_bts,
+          segment_ids=(segment_ids_bt, segment_ids_bt),
+          positions=(positions_bt, positions_bt),
+          shard=None if self.ctx is None else (
+              self.ctx.mesh, self.ctx.mesh_axes('batch')))
       new_kv = (kk, v)
     out_nd = out.reshape(b * t, n * h)
     y = out_nd @ self.w_o_nhd[...].astype(dt).reshape(n * h, d)

@@ -25,6 +25,8 @@ cache once per step: memory-bound, where a fused kernel gains little).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from absl import flags
@@ -164,7 +166,8 @@ def _attention_candidates(q, k, packed_causal: bool):
 def attention(q_btnh, k_bskh, v_bskh, *, scale: float,
               mask_bts: jax.Array | None = None,
               segment_ids: tuple[jax.Array, jax.Array] | None = None,
-              positions: tuple[jax.Array, jax.Array] | None = None):
+              positions: tuple[jax.Array, jax.Array] | None = None,
+              shard: tuple[Any, tuple[str, ...]] | None = None):
   """Grouped-query attention of T queries over S keys.
 
   Args:
@@ -176,6 +179,10 @@ def attention(q_btnh, k_bskh, v_bskh, *, scale: float,
     segment_ids, positions: (q [B, T], k [B, S]) each; with them splash can
       run (its mask is causal by index inside each segment, which is the
       position test for packed rows whose positions count up from 0).
+    shard: (mesh, the mesh axes the batch is split over) for a model on a
+      mesh: a kernel (cuDNN, tokamax, splash) then runs per batch shard in
+      `shard_map` (Mosaic kernels cannot be partitioned automatically);
+      heads are gathered for it.
 
   Returns:
     [B, T, N, H] in q's dtype.
@@ -188,14 +195,21 @@ def attention(q_btnh, k_bskh, v_bskh, *, scale: float,
                               segment_ids[1])
   name = _registry.pick('attention', _attention_candidates(
       q_btnh, k_bskh, packed), dtype=q_btnh.dtype)
-  if name == 'cudnn':
-    return _cudnn(q_btnh, k_bskh, v_bskh, mask_bts, scale)
-  if name == 'tokamax':
-    return _tokamax(q_btnh, k_bskh, v_bskh, mask_bts, scale)
+  if name == 'xla':
+    return _xla(q_btnh, k_bskh, v_bskh, mask_bts, scale)
   if name == 'splash':
-    return _splash(q_btnh, k_bskh, v_bskh, segment_ids[0], segment_ids[1],
-                   scale)
-  return _xla(q_btnh, k_bskh, v_bskh, mask_bts, scale)
+    fn = lambda q, k, v, qs, ks: _splash(q, k, v, qs, ks, scale)
+    args = (q_btnh, k_bskh, v_bskh, segment_ids[0], segment_ids[1])
+  else:
+    kernel = _cudnn if name == 'cudnn' else _tokamax
+    fn = lambda q, k, v, m: kernel(q, k, v, m, scale)
+    args = (q_btnh, k_bskh, v_bskh, mask_bts)
+  if shard is None:
+    return fn(*args)
+  mesh, batch_axes = shard
+  spec = jax.sharding.PartitionSpec(tuple(batch_axes) or None)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args),
+                       out_specs=spec, check_vma=False)(*args)
 
 
 # ------------------------------------------------------------- over a cache

@@ -10,6 +10,7 @@ import jax
 
 from cascade_jax import data
 from cascade_jax import domains
+from cascade_jax import sharding
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import SampleConfig
 
@@ -34,7 +35,7 @@ def responses_for(model, tok: data.Tokenizer, records: Sequence[dict], *,
     key, sub = jax.random.split(key)
     ro = generate(model, chunk + [chunk[-1]] * pad, cfg=cfg,
                   stop_id=tok.im_end, pad_id=tok.pad_id, key=sub)
-    toks, mask = jax.device_get((ro.tokens, ro.mask))
+    toks, mask = sharding.to_host((ro.tokens, ro.mask))
     for row, m in zip(toks[:len(chunk)], mask[:len(chunk)]):
       ids = [int(t) for t, keep in zip(row, m) if keep and t != tok.im_end]
       out.append(tok.decode(ids))

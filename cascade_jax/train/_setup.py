@@ -2,7 +2,7 @@
 
 A stage's config carries, besides its own fields:
 
-  mesh     mesh axis -> size ({'data': -1}: every device on `data`)
+  mesh     mesh axis -> size (default data -1: every device on `data`)
   rules    logical axis -> mesh axes ('data,fsdp'; '' replicates), over
            `sharding.DEFAULT_RULES`
   memory   how models compute (none of it changes a checkpoint):
@@ -54,7 +54,8 @@ MEMORY_FIELDS = ('remat', 'scan_layers', 'logits_chunk', 'compute_dtype')
 def placement_defaults() -> dict:
   """The `mesh`, `rules` and `memory` fields every stage config has."""
   return dict(
-      mesh=ml_collections.ConfigDict(dict(data=-1)),
+      mesh=ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1,
+                                          tensor=1)),
       rules=ml_collections.ConfigDict(
           {k: ','.join(sharding.ShardingCtx.axes_tuple(v))
            for k, v in sharding.DEFAULT_RULES}),

@@ -5,3 +5,5 @@ from cascade_jax.utils._bench import time_fn
 from cascade_jax.utils._bench import write_results
 from cascade_jax.utils._logs import enable_compilation_cache
 from cascade_jax.utils._logs import quiet_logs
+from cascade_jax.utils._distributed import cluster_environment
+from cascade_jax.utils._distributed import initialize as initialize_distributed

@@ -1,0 +1,385 @@
+"""Ahead-of-time plans: compile a model's steps for a mesh from abstract arrays, and read their cost.
+
+For each mesh of a plan config (configs/plan.py) this lowers and compiles,
+with `jax.ShapeDtypeStruct`s only (no weights exist anywhere):
+
+  sft      the SFT train step (forward, backward, AdamW) on packed rows
+  grpo     the RL update on rollouts (routing replay, sampler log-probs)
+  mopd     the same update with the teacher's log-probs
+  prefill  the sampler's prompt pass, writing the KV cache
+  decode   one sampler decode step over the cache
+
+and reports, per device: `memory_analysis()` (arguments, outputs,
+temporaries, aliased), `cost_analysis()` FLOPs and bytes accessed, an
+estimated step time from published peaks (roofline: the larger of FLOPs
+over peak FLOP/s and bytes over HBM bandwidth; communication not counted)
+and whether it fits each accelerator's memory.
+
+The devices are those of a TPU topology (libtpu's AOT topology API, on a
+CPU-only host) when libtpu is installed, else fake CPU devices
+(`--xla_force_host_platform_device_count`); the report names which. A CPU
+compile has the TPU compile's argument sizes (the shardings), not its
+temporaries or FLOPs (see the facts in the README's table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import time
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cascade_jax import model as model_lib
+from cascade_jax import rl
+from cascade_jax import rollout
+from cascade_jax import sft
+from cascade_jax import sharding
+from cascade_jax import train
+
+# Published peaks: dense bf16 FLOP/s, HBM bandwidth (bytes/s), HBM (bytes).
+ACCELERATORS = {
+    'h200': dict(flops=989e12, hbm_bw=4.8e12, hbm=141e9),
+    'v5p': dict(flops=459e12, hbm_bw=2.76e12, hbm=95e9),
+}
+STEPS = ('sft', 'grpo', 'mopd', 'prefill', 'decode')
+GB = 1e9
+
+
+@dataclasses.dataclass
+class StepCost:
+  """One compiled step on one mesh, per device."""
+  step: str
+  mesh: str
+  devices: int
+  platform: str               # what it was compiled for: 'tpu v5p', 'cpu'
+  tokens: int                 # per step, all devices
+  argument_bytes: int
+  output_bytes: int
+  temp_bytes: int
+  alias_bytes: int            # outputs written into donated arguments
+  flops: float
+  bytes_accessed: float
+  compile_s: float
+  state_bytes: int            # counted from the shapes and shardings: weights
+                              # (+ optimizer state when training), per device
+  model_flops: float          # counted: matmul FLOPs of the active weights, per device
+
+  @property
+  def peak_bytes(self) -> int:
+    """Arguments + outputs + temporaries, donated outputs counted once."""
+    return (self.argument_bytes + self.output_bytes + self.temp_bytes
+            - self.alias_bytes)
+
+  def seconds(self, accel: str) -> float:
+    a = ACCELERATORS[accel]
+    return max(self.flops / a['flops'], self.bytes_accessed / a['hbm_bw'])
+
+  def fits(self, accel: str) -> bool:
+    return self.peak_bytes <= ACCELERATORS[accel]['hbm']
+
+
+# ------------------------------------------------------------------ devices
+
+
+def devices(n: int, topology: str = '') -> tuple[list, str]:
+  """(n devices, what they are): a TPU topology's, or fake CPU devices."""
+  if topology:
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    topo = topologies.get_topology_desc(platform='tpu', topology_name=topology)
+    devs = list(topo.devices)
+    if len(devs) != n:
+      raise ValueError(f'plan: topology {topology!r} has {len(devs)} devices, '
+                       f'the mesh needs {n}')
+    return devs, f'tpu {topology} ({devs[0].device_kind})'
+  cpus = jax.devices('cpu')
+  if len(cpus) < n:
+    raise ValueError(
+        f'plan: a mesh of {n} devices, but this process has {len(cpus)} CPU '
+        'devices: start it with XLA_FLAGS=--xla_force_host_platform_device_'
+        f'count={n} or more (experiments.plan does)')
+  return cpus[:n], 'cpu (fake devices)'
+
+
+def libtpu_available() -> bool:
+  return importlib.util.find_spec('libtpu') is not None
+
+
+# ------------------------------------------------------------ abstract state
+
+
+def _sds(shape, dtype, s):
+  return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=s)
+
+
+def abstract_train_state(cfg: model_lib.ModelConfig, ctx: sharding.ShardingCtx,
+                         opt: optax.GradientTransformation):
+  """(graph, TrainState of ShapeDtypeStructs), sharded as a stage shards it."""
+  model = train.abstract_model(cfg, ctx)
+  graph, params, rest = nnx.split(model, nnx.Param, ...)
+  shardings = train.opt_state_shardings(opt, params)
+  opt_state = jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s),
+                           jax.eval_shape(opt.init, params), shardings)
+  step = _sds((), jnp.int32, NamedSharding(ctx.mesh, P()))
+  return graph, train.TrainState(params, rest, opt_state, step)
+
+
+def _rows(ctx, names_shapes: Mapping[str, tuple], dtypes: Mapping[str, str]):
+  """Batch arrays [B, ...] split over the `batch` rule's axes."""
+  out = {}
+  for k, shape in names_shapes.items():
+    axes = (('batch',) + (None,) * (len(shape) - 1) if k != 'expert_idx'
+            else (None, 'batch', None, None))
+    out[k] = _sds(shape, dtypes.get(k, 'int32'), ctx.sharding(axes, shape))
+  return out
+
+
+# -------------------------------------------------------------------- steps
+
+
+def _lower_sft(cfg, ctx, opt, rows, seq):
+  graph, state = abstract_train_state(cfg, ctx, opt)
+  keys = ('inputs', 'targets', 'positions', 'segment_ids', 'mask')
+  batch = _rows(ctx, {k: (rows, seq) for k in keys}, {})
+  n_moe = cfg.pattern.count(model_lib.MOE)
+  return sft.train_step, (state, batch), dict(
+      graph=graph, opt=opt, accum=1,
+      bias_rate=1e-3 if cfg.moe and cfg.moe.use_expert_bias else 0.0,
+      n_moe=n_moe, num_experts=cfg.moe.num_experts if cfg.moe else 0)
+
+
+def _lower_rl(cfg, ctx, opt, rows, seq, algorithm):
+  graph, state = abstract_train_state(cfg, ctx, opt)
+  shapes = {k: (rows, seq) for k in ('inputs', 'targets', 'positions',
+                                     'segment_ids', 'mask', 'sampler_logp')}
+  shapes['advantages'] = (rows,)
+  n_moe = cfg.pattern.count(model_lib.MOE)
+  if n_moe:   # the rollout's routing, replayed
+    shapes['expert_idx'] = (n_moe, rows, seq, cfg.moe.top_k)
+  if algorithm == 'mopd':
+    shapes['teacher_logp'] = (rows, seq)
+  batch = _rows(ctx, shapes, dict(sampler_logp='float32', advantages='float32',
+                                  teacher_logp='float32'))
+  rc = rl.RLConfig(algorithm=algorithm, rollouts_per_prompt=16,
+                   dynamic_filtering=False)
+  return rl.update, (state, batch), dict(graph=graph, opt=opt, cfg=rc, moe=())
+
+
+def _abstract_cache(cfg, ctx, rows, length):
+  cache = jax.eval_shape(lambda: model_lib.init_cache(cfg, rows, length))
+  kv = lambda a: _sds(a.shape, a.dtype, ctx.sharding(
+      ('batch', 'kv_heads', None, None), a.shape))
+  rowwise = lambda a: _sds(a.shape, a.dtype, ctx.sharding(('batch', None),
+                                                          a.shape))
+  return model_lib.KVCache(
+      k=tuple(kv(a) for a in cache.k), v=tuple(kv(a) for a in cache.v),
+      positions=rowwise(cache.positions),
+      segment_ids=rowwise(cache.segment_ids),
+      index=_sds((), jnp.int32, NamedSharding(ctx.mesh, P())))
+
+
+@functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
+def _prefill(graph, state, cache, tokens):
+  model = nnx.merge(graph, state)
+  b, t = tokens.shape
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  logits, cache, _ = rollout.forward(
+      model, tokens, positions_bt=pos, segment_ids_bt=jnp.ones_like(tokens),
+      cache=cache, layouts=rollout.model_decode_weights(model, b),
+      last_logits_only=True)
+  return logits, cache
+
+
+@functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
+def _decode(graph, state, cache, tokens):
+  model = nnx.merge(graph, state)
+  b = tokens.shape[0]
+  pos = jnp.broadcast_to(cache.index, (b, 1)).astype(jnp.int32)
+  logits, cache, _ = rollout.forward(
+      model, tokens, positions_bt=pos, segment_ids_bt=jnp.ones_like(tokens),
+      cache=cache, layouts=rollout.model_decode_weights(model, b))
+  return logits, cache
+
+
+def _lower_rollout(cfg, ctx, rows, prompt, length, which):
+  model = train.abstract_model(cfg, ctx)
+  graph, state = nnx.split(model)
+  cache = _abstract_cache(cfg, ctx, rows, length)
+  t = prompt if which == 'prefill' else 1
+  tokens = _rows(ctx, {'tokens': (rows, t)}, {})['tokens']
+  fn = _prefill if which == 'prefill' else _decode
+  return fn, (graph, state, cache, tokens), {}
+
+
+# --------------------------------------------------------------------- plan
+
+
+def _cost(compiled) -> tuple[float, float]:
+  ca = compiled.cost_analysis()
+  if isinstance(ca, (list, tuple)):   # older jax: one dict per program
+    ca = ca[0] if ca else {}
+  ca = ca or {}
+  return float(ca.get('flops', 0.0)), float(ca.get('bytes accessed', 0.0))
+
+
+def per_device_bytes(tree) -> int:
+  """Bytes one device holds of a pytree of sharded ShapeDtypeStructs."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def _abstract_step(step: str, cfg, ctx, opt, shapes):
+  """(jitted fn, abstract args, static kwargs, tokens it processes)."""
+  if step == 'sft':
+    rows, seq = shapes['sft_rows'], shapes['sft_seq']
+    return _lower_sft(cfg, ctx, opt, rows, seq) + (rows * seq,)
+  if step in ('grpo', 'mopd'):
+    rows, seq = shapes['rl_rows'], shapes['rl_seq']
+    return _lower_rl(cfg, ctx, opt, rows, seq, step) + (rows * seq,)
+  rows = shapes['rollout_rows']
+  return _lower_rollout(cfg, ctx, rows, shapes['prompt_len'],
+                        shapes['cache_len'], step) + (
+                            rows * (shapes['prompt_len'] if step == 'prefill'
+                                    else 1),)
+
+
+def _compile(step: str, cfg, ctx, opt, shapes):
+  """(compiled step, tokens it processes, bytes of state per device)."""
+  fn, args, kw, tokens = _abstract_step(step, cfg, ctx, opt, shapes)
+  # The weights (and optimizer state) one device holds, from the shapes.
+  state = args[0] if step in ('sft', 'grpo', 'mopd') else args[1]
+  # Traced with the mesh's first device as the default: the ops pick their
+  # kernels by its platform (a TPU topology's: splash, tokamax).
+  with jax.default_device(ctx.mesh.devices.flat[0]):
+    return fn.lower(*args, **kw).compile(), tokens, per_device_bytes(state)
+
+
+def depth_cost(step: str, cfg, ctx, opt, shapes) -> tuple[float, float]:
+  """(FLOPs, bytes accessed) per device of the step at the model's depth.
+
+  XLA's cost analysis counts a loop body once, so a scanned model's
+  compiled figures miss every repeat but one. These come from the step
+  compiled unrolled at one and at two repeats of the pattern's unit,
+  extrapolated linearly to the model's repeats (the embedding, head, loss
+  and optimizer are the intercept, each unit the slope).
+  """
+  unit = cfg.scan_unit
+  repeats = cfg.num_layers // len(unit)
+  if repeats == 1:
+    return _cost(_compile(step, cfg.replace(scan_layers=False), ctx, opt,
+                          shapes)[0])
+  costs = [_cost(_compile(step, cfg.replace(pattern=unit * r,
+                                            scan_layers=False),
+                          ctx, opt, shapes)[0]) for r in (1, 2)]
+  return tuple(a + (b - a) * (repeats - 1) for a, b in zip(*costs))
+
+
+def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name):
+  """One step lowered and compiled on `ctx`'s mesh: its StepCost."""
+  n = ctx.mesh.size
+  t0 = time.perf_counter()
+  compiled, tokens, state_bytes = _compile(step, cfg, ctx, opt, shapes)
+  dt = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  flops, nbytes = depth_cost(step, cfg, ctx, opt, shapes)
+  return StepCost(
+      step=step, mesh=mesh_name, devices=n, platform=platform, tokens=tokens,
+      argument_bytes=int(mem.argument_size_in_bytes),
+      output_bytes=int(mem.output_size_in_bytes),
+      temp_bytes=int(mem.temp_size_in_bytes),
+      alias_bytes=int(mem.alias_size_in_bytes), flops=flops,
+      bytes_accessed=nbytes, compile_s=dt,
+      state_bytes=state_bytes,
+      model_flops=model_flops(step, cfg, tokens) / n)
+
+
+def model_flops(step: str, cfg, tokens: int) -> float:
+  """2 x active weights (input embedding excluded) x tokens a forward; a
+  training step's backward twice that, plus a forward again under full
+  remat. Attention's score FLOPs are not counted."""
+  pc = model_lib.count_params(cfg)
+  per_token = 2 * (pc.active - pc.embedding)
+  if step in ('prefill', 'decode'):
+    return per_token * tokens
+  return per_token * tokens * (4 if cfg.remat == 'full' else 3)
+
+
+def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
+  cfg = train.model_config(config.model.preset,
+                           config.model.overrides.to_dict())
+  return cfg.replace(**train.memory_overrides(config))
+
+
+def run(config: ml_collections.ConfigDict, *, progress=print,
+        on_step=None) -> list[StepCost]:
+  """Compiles every step of `config.steps` on every mesh of `config.meshes`.
+
+  `on_step(costs so far)` runs after each step (the launcher writes its
+  results file there: a long plan's finished steps are kept).
+  """
+  cfg = model_config(config)
+  opt = train.make_optimizer(train.OptimConfig())
+  rules = sharding.rules_from_config(
+      config.rules.to_dict() if config.get('rules') else None)
+  steps = [s.strip() for s in config.steps.split(',') if s.strip()]
+  unknown = sorted(set(steps) - set(STEPS))
+  if unknown:
+    raise ValueError(f'plan: unknown steps {unknown}; known: {STEPS}')
+  use_tpu = config.platform == 'tpu' or (config.platform == 'auto' and
+                                         libtpu_available())
+  only = [s.strip() for s in config.get('only', '').split(',') if s.strip()]
+  missing = sorted(set(only) - set(config.meshes))
+  if missing:
+    raise ValueError(f'plan: only names meshes {missing} that config.meshes '
+                     f'does not define ({sorted(config.meshes)})')
+  out = []
+  for name, spec in config.meshes.items():
+    if only and name not in only:
+      continue
+    spec = spec.to_dict()
+    topology = spec.pop('topology', '') if use_tpu else ''
+    spec.pop('topology', None)
+    shape = {k: v for k, v in spec.items() if k in sharding.MESH_AXES}
+    n = math.prod(shape.values())
+    devs, platform = devices(n, topology)
+    if use_tpu and not topology:
+      raise ValueError(f'plan: mesh {name} names no TPU topology')
+    ctx = sharding.ShardingCtx(sharding.make_mesh(shape, devs), rules)
+    shapes = {k: int(v) * (n if k.endswith('_rows') else 1)
+              for k, v in config.shapes.items()}
+    for step in steps:
+      cost = compile_step(step, cfg, ctx, opt, shapes, platform, name)
+      progress(f'[plan] {name} ({n} devices, {platform}) {step}: '
+               f'{cost.peak_bytes / GB:.2f} GB/device, '
+               f'{cost.flops:.3g} FLOPs, compiled in {cost.compile_s:.1f}s')
+      out.append(cost)
+      if on_step is not None:
+        on_step(out)
+  return out
+
+
+def table(costs: list[StepCost]) -> tuple[list[str], list[list]]:
+  """(header, rows) of the plan's report, one row per step and mesh."""
+  header = ['mesh', 'step', 'tokens', 'args GB', 'state GB (counted)',
+            'out GB', 'temp GB', 'peak GB', 'TFLOP', 'TFLOP (counted)',
+            'HBM GB moved',
+            'v5p ms', 'H200 ms', 'fits v5p', 'fits H200']
+  rows = []
+  for c in costs:
+    rows.append([f'{c.mesh} ({c.devices})', c.step, c.tokens,
+                 c.argument_bytes / GB, c.state_bytes / GB,
+                 c.output_bytes / GB, c.temp_bytes / GB, c.peak_bytes / GB,
+                 c.flops / 1e12, c.model_flops / 1e12, c.bytes_accessed / GB,
+                 1e3 * c.seconds('v5p'), 1e3 * c.seconds('h200'),
+                 'yes' if c.fits('v5p') else 'NO',
+                 'yes' if c.fits('h200') else 'NO'])
+  return header, rows

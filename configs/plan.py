@@ -1,0 +1,65 @@
+"""AOT plans: every step of a model compiled for meshes of 8, 64 and 256 devices, from shapes only.
+
+  python -m experiments.plan --config=configs/plan.py:qwen3_30b_a3b
+  python -m experiments.plan --config=configs/plan.py:small      # the test size
+  bash scripts/plan.sh --config=configs/plan.py:qwen3_30b_a3b    # TPU v5p topologies
+
+Per step and mesh it prints per-device memory (arguments, outputs,
+temporaries), FLOPs and bytes, a roofline step time on TPU v5p and H200,
+and whether the step fits (see cascade_jax/aot). With libtpu installed
+(scripts/plan.sh makes .venv-tpu) the meshes are TPU v5p topologies,
+otherwise fake CPU devices.
+
+The 30B shapes, per device: SFT one packed 8k-token row (64 rows at 64
+devices: the recipe's batch of 64 packed sequences); RL one 8k-token
+rollout (prompt + response) per device and update; the sampler 8 rows,
+2k-token prompts, an 8k-token KV cache.
+"""
+
+import ml_collections
+
+from cascade_jax import train
+
+# Mesh name -> axes (+ the TPU topology of that many chips).
+MESHES_30B = {
+    'v5p-8': dict(fsdp=8, topology='v5p:2x2x2'),
+    'v5p-64': dict(fsdp=8, expert=8, topology='v5p:4x4x4'),
+    'v5p-256': dict(fsdp=16, expert=16, topology='v5p:4x8x8'),
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.update(train.placement_defaults())
+  del c['mesh']                     # the plan's meshes are `meshes`
+  c.platform = 'auto'               # 'auto' (TPU if libtpu), 'tpu', 'cpu'
+  c.steps = 'sft,grpo,mopd,prefill,decode'
+  c.only = ''                       # mesh names to compile ('': all)
+  arg = arg or 'qwen3_30b_a3b'
+  if arg == 'qwen3_30b_a3b':
+    # bf16 compute over fp32 master weights (Adam's moments fp32 too).
+    c.model = ml_collections.ConfigDict(dict(
+        preset='qwen3_30b_a3b', overrides=ml_collections.ConfigDict(dict(
+            param_dtype='float32', dtype='bfloat16'))))
+    c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
+    c.meshes = ml_collections.ConfigDict(MESHES_30B)
+    c.shapes = ml_collections.ConfigDict(dict(
+        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rollout_rows=8,
+        prompt_len=2048, cache_len=8192))
+  elif arg == 'small':
+    # The main job's model on 8 fake devices, two meshes (the test size).
+    c.platform = 'cpu'
+    c.model = ml_collections.ConfigDict(dict(
+        preset='small', overrides=ml_collections.ConfigDict(dict(
+            vocab_size=1024, pattern='*E*E'))))
+    c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=32))
+    c.meshes = ml_collections.ConfigDict({
+        'data2_expert4': dict(data=2, expert=4),
+        'fsdp2_tensor2_expert2': dict(fsdp=2, tensor=2, expert=2)})
+    c.shapes = ml_collections.ConfigDict(dict(
+        sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rollout_rows=2,
+        prompt_len=32, cache_len=64))
+  else:
+    raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
+                     'qwen3_30b_a3b, small)')
+  return c

@@ -1,0 +1,298 @@
+"""The scale path: one stage set-up, the cascade on meshes and on two processes, the AOT plan."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade_jax import aot
+from cascade_jax import cascade
+from cascade_jax import checkpoint
+from cascade_jax import model
+from cascade_jax import sharding
+from cascade_jax import train
+from cascade_jax import utils
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+from configs import cascade as cascade_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import plan as plan_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+MESHES = {'data2_expert4': dict(data=2, expert=4),
+          'fsdp2_tensor2_expert2': dict(fsdp=2, tensor=2, expert=2)}
+
+
+# ----------------------------------------------------------------- set-up
+
+
+def test_placement_config_errors_name_their_cause():
+  c = ml_collections.ConfigDict(train.placement_defaults())
+  c.memory.unknown = 1
+  with pytest.raises(ValueError, match=r"memory: unknown keys \['unknown'\]"):
+    train.memory_overrides(c)
+  with pytest.raises(ValueError, match="unknown logical axes"):
+    sharding.rules_from_config({'embedding': 'fsdp'})
+  with pytest.raises(ValueError, match="unknown mesh axis"):
+    sharding.rules_from_config({'embed': 'fsdq'})
+  rules = dict(sharding.rules_from_config({'embed': '', 'exp': 'expert,fsdp'}))
+  assert rules['embed'] is None and rules['exp'] == ('expert', 'fsdp')
+  assert rules['batch'] == ('data', 'fsdp', 'expert')
+  c = ml_collections.ConfigDict(dict(train.placement_defaults()))
+  c.mesh.data, c.mesh.expert = 3, 4
+  with pytest.raises(ValueError, match='need 12 devices, but 8'):
+    train.mesh_ctx(c)
+
+
+def test_setup_places_batches_and_records_the_model(tmp_path):
+  c = ml_collections.ConfigDict(train.placement_defaults())
+  c.mesh.data, c.mesh.expert = 2, 4
+  c.memory.remat, c.memory.compute_dtype = 'full', 'bfloat16'
+  setup = train.Setup.create(c, str(tmp_path), name='x')
+  spec = dict(preset='tiny', overrides={'pattern': '*E*E'})
+  cfg, m = setup.new_model(spec, seed=0)
+  assert (cfg.remat, cfg.dtype, cfg.param_dtype) == ('full', 'bfloat16',
+                                                     'float32')
+  assert json.load(open(tmp_path / 'model.json')) == spec
+  assert json.load(open(tmp_path / 'config.json'))['mesh']['expert'] == 4
+  b = setup.put({'inputs': np.zeros((8, 5), np.int32),
+                 'expert_idx': np.zeros((2, 8, 5, 2), np.int32)})
+  assert b['inputs'].sharding.spec == jax.sharding.PartitionSpec(
+      ('data', 'expert'), None)
+  assert b['expert_idx'].sharding.spec[1] == ('data', 'expert')
+  with pytest.raises(ValueError, match="6 rows, not a multiple of the 8"):
+    setup.put({'inputs': np.zeros((6, 5), np.int32)})
+  setup.close()
+
+
+def test_a_run_is_restored_straight_into_the_stages_shardings(tmp_path):
+  # A saved run (model.json, tokenizer, checkpoint), restored on a mesh:
+  # every weight arrives with the rules' sharding, equal to what was saved.
+  from cascade_jax import data  # pylint: disable=g-import-outside-toplevel
+  tok = data.train_tokenizer(['aaa bbb ccc', 'abc cab bca', 'write letters',
+                              'a b c d e'] * 20, 160)
+  spec = dict(preset='tiny', overrides={'vocab_size': tok.vocab_size,
+                                        'pattern': '*E*E'})
+  cfg = train.model_config(spec['preset'], spec['overrides'])
+  m = model.Transformer(cfg, rngs=nnx.Rngs(3))
+  graph, state = train.init_state(m, train.make_optimizer(train.OptimConfig()))
+  os.makedirs(tmp_path / 'run')
+  tok.save(str(tmp_path / 'run' / 'tokenizer.model'))
+  json.dump({}, open(tmp_path / 'run' / 'config.json', 'w'))
+  json.dump(spec, open(tmp_path / 'run' / 'model.json', 'w'))
+  ck = checkpoint.Checkpointer(str(tmp_path / 'run' / 'checkpoints'))
+  ck.save(1, state.to_checkpoint())
+  ck.close()
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(fsdp=2, expert=4)))
+  _, restored, _ = train.restore_run(str(tmp_path / 'run'), ctx=ctx,
+                                     memory={'scan_layers': True})
+  assert restored.cfg.scan_layers
+  want = sharding.state_shardings(ctx, nnx.state(restored))
+  for (path, got), w in zip(
+      jax.tree_util.tree_leaves_with_path(nnx.state(restored)),
+      jax.tree.leaves(want)):
+    assert got.sharding.is_equivalent_to(w, got.ndim), path
+  for a, b in zip(jax.tree.leaves(nnx.state(restored, nnx.Param)),
+                  jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_distributed_launch_modes(monkeypatch):
+  for k in ('SLURM_JOB_ID', 'SLURM_NTASKS', 'SLURM_NPROCS',
+            'TPU_WORKER_HOSTNAMES', 'MEGASCALE_COORDINATOR_ADDRESS'):
+    monkeypatch.delenv(k, raising=False)
+  assert utils.cluster_environment() == ''
+  assert utils.initialize_distributed('auto') == ''     # one process
+  assert utils.initialize_distributed('off', coordinator_address='x:1') == ''
+  with pytest.raises(ValueError, match='no SLURM job or TPU pod'):
+    utils.initialize_distributed('on')
+  with pytest.raises(ValueError, match='needs --num_processes'):
+    utils.initialize_distributed('auto', coordinator_address='127.0.0.1:1')
+  with pytest.raises(ValueError, match=r'process_id 2 not in \[0, 2\)'):
+    utils.initialize_distributed('auto', coordinator_address='127.0.0.1:1',
+                                 num_processes=2, process_id=2)
+  monkeypatch.setenv('SLURM_JOB_ID', '7')
+  monkeypatch.setenv('SLURM_NTASKS', '4')
+  assert utils.cluster_environment() == 'slurm'
+  monkeypatch.setenv('SLURM_NTASKS', '1')
+  assert utils.cluster_environment() == ''
+  monkeypatch.setenv('TPU_WORKER_HOSTNAMES', 'w0,w1,w2,w3')
+  assert utils.cluster_environment() == 'tpu_pod'
+
+
+# ---------------------------------------------------------------- AOT plan
+
+
+def test_plan_on_a_small_preset_reports_consistent_bytes():
+  c = plan_config.get_config('small')
+  c.only, c.steps = 'fsdp2_tensor2_expert2', 'sft,decode'
+  costs = aot.run(c, progress=lambda s: None)
+  assert [x.step for x in costs] == ['sft', 'decode']
+  sft, decode = costs
+  assert sft.platform == 'cpu (fake devices)' and sft.devices == 8
+  # The compiled step's arguments are the state the shapes and shardings
+  # say one device holds, plus its share of the batch (5 int32 [1, 128]).
+  batch = 5 * 128 * 4
+  assert sft.argument_bytes == pytest.approx(sft.state_bytes + batch,
+                                             rel=0.01)
+  # fsdp 2 x tensor 2 x expert 2 shards the weights: a device holds less
+  # than a third of params + Adam (12 bytes per parameter).
+  n = model.count_params(aot.model_config(c)).total
+  assert sft.state_bytes < 12 * n / 3
+  assert decode.state_bytes < sft.state_bytes / 2      # no optimizer state
+  # Cost at the model's depth (two repeats of '*E', scanned): at least the
+  # counted matmul FLOPs, and a training step costs more than a decode.
+  assert sft.flops >= sft.model_flops > 0
+  assert decode.flops > 0 and sft.flops > 100 * decode.flops
+  assert sft.fits('v5p') and sft.fits('h200')
+  header, rows = aot.table(costs)
+  assert len(rows) == 2 and len(rows[0]) == len(header)
+
+
+@pytest.mark.slow
+def test_plan_launcher_on_every_small_mesh_and_step(tmp_path):
+  out = subprocess.run(
+      [sys.executable, '-m', 'experiments.plan',
+       '--config=configs/plan.py:small', f'--workdir={tmp_path}'],
+      cwd=_ROOT, capture_output=True, text=True, timeout=1200,
+      env={k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'})
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  rows = json.load(open(tmp_path / 'results.json'))
+  assert len(rows) == 2 * len(aot.STEPS)
+  assert {r['step'] for r in rows} == set(aot.STEPS)
+  for r in rows:
+    assert r['fits v5p'] == 'yes' and r['flops'] > 0
+
+
+# ------------------------------------------ the cascade on meshes, 2 processes
+
+
+def _mini_cascade(mesh: dict | None = None):
+  """The quick cascade's SFT -> IF-RL -> MOPD (teachers: SFT for math,
+  IF-RL for instruction following), SFT with `dropless` dispatch.
+
+  `capacity` (the quick model's) drops the tokens that overflow an expert
+  within each shard's tokens (GShard's groups): sharded, other tokens drop
+  than on one device. Every later forward (sampler, learner, reference,
+  teachers, reward model) is exact whatever the dispatch.
+  """
+  c = cascade_config.get_config('quick')
+  c.order = 'sft,if_rl,mopd'
+  c.stages.mopd.teachers = dict(math='sft', instruction_following='if_rl',
+                                multi_domain='', preference='')
+  c.stages.mopd.data.domain = 'math,instruction_following'
+  c.stages.sft.model.overrides.moe = dict(
+      expert_dim=64, shared_expert_dim=64, dispatch='dropless')
+  c.mesh = ml_collections.ConfigDict(mesh or {})
+  return c
+
+
+def _final_params(run_dir):
+  _, m, _ = train.restore_run(str(run_dir))
+  return {jax.tree_util.keystr(p): np.asarray(v) for p, v in
+          jax.tree_util.tree_leaves_with_path(nnx.state(m, nnx.Param))}
+
+
+def _assert_same_cascade(want_dir, got_dir, want_recs, got_recs, atol):
+  assert [r['name'] for r in got_recs] == [r['name'] for r in want_recs]
+  for w, g in zip(want_recs, got_recs):
+    assert g['scores'].keys() == w['scores'].keys()
+    for d in w['scores']:
+      assert g['scores'][d]['prompt_pass'] == w['scores'][d]['prompt_pass'], (
+          w['name'], d)
+    pw, pg = _final_params(want_dir / w['name']), _final_params(
+        got_dir / g['name'])
+    for k in pw:
+      np.testing.assert_allclose(pg[k], pw[k], atol=atol, rtol=0,
+                                 err_msg=f"{w['name']} {k}")
+  for name in ('if_rl', 'mopd'):
+    rows = lambda d: [json.loads(l) for l in open(d / name / 'rl_metrics.jsonl')
+                      if 'reward_mean' in l]
+    for a, b in zip(rows(want_dir), rows(got_dir)):
+      assert a['reward_mean'] == b['reward_mean'], name
+      np.testing.assert_allclose(b['loss'], a['loss'], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_quick_cascade_on_two_meshes_equals_one_device(tmp_path):
+  # Tolerance: 2e-5 on every weight after SFT (30 AdamW steps), IF-RL and
+  # MOPD; the sampled responses, and so every score, exactly equal.
+  want = cascade.run(_mini_cascade(), str(tmp_path / 'one'))
+  for name, mesh in MESHES.items():
+    got = cascade.run(_mini_cascade(mesh), str(tmp_path / name))
+    _assert_same_cascade(tmp_path / 'one', tmp_path / name, want, got,
+                         atol=2e-5)
+    stage = json.load(open(tmp_path / name / 'if_rl' / 'config.json'))
+    assert stage['mesh'] == {**dict(data=1, fsdp=1, expert=1, tensor=1),
+                             **mesh}
+    assert stage['init_from'] == 'sft'    # relative to the cascade's dir
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _launch(workdir, i, port, log):
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env.update(XLA_FLAGS='--xla_force_host_platform_device_count=4',
+             JAX_PLATFORMS='cpu', CASCADE_JAX_XLA_CACHE='0')
+  args = [sys.executable, '-m', 'experiments.cascade',
+          '--config=configs/cascade.py:quick', '--config.order=sft,if_rl,mopd',
+          '--config.stages.mopd.teachers.multi_domain=',
+          '--config.stages.mopd.teachers.preference=',
+          '--config.stages.mopd.data.domain=math,instruction_following',
+          '--config.stages.sft.model.overrides.moe.dispatch=dropless',
+          '--config.stages.if_rl.steps=4', '--config.mesh.data=2',
+          '--config.mesh.expert=4', f'--workdir={workdir}',
+          f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+          f'--process_id={i}']
+  return subprocess.Popen(args, cwd=_ROOT, env=env, stdout=log,
+                          stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path):
+  # 2 processes x 4 CPU devices = one data 2 x expert 4 mesh. Process 1 is
+  # killed mid IF-RL (after its step-1 checkpoint); both are restarted and
+  # the run ends where one process on the same mesh ends.
+  work = tmp_path / 'two'
+  logs = [open(tmp_path / f'p{i}.log', 'w') for i in range(2)]
+  port = _free_port()
+  procs = [_launch(work, i, port, logs[i]) for i in range(2)]
+  ckpt = work / 'if_rl' / 'checkpoints' / '1'
+  deadline = time.time() + 1500
+  while not ckpt.is_dir() and time.time() < deadline:
+    assert all(p.poll() is None for p in procs), open(tmp_path / 'p0.log').read()[-3000:]
+    time.sleep(0.5)
+  assert ckpt.is_dir(), 'IF-RL never checkpointed'
+  assert not (work / 'if_rl' / 'stage.json').exists()
+  procs[1].send_signal(signal.SIGKILL)
+  procs[1].wait()
+  # Process 0 is left waiting for its peer: stopped too (as a scheduler
+  # would restart the job).
+  time.sleep(2)
+  procs[0].kill()
+  procs[0].wait()
+  port = _free_port()
+  procs = [_launch(work, i, port, logs[i]) for i in range(2)]
+  for p in procs:
+    assert p.wait(timeout=1500) == 0, open(tmp_path / 'p0.log').read()[-3000:]
+  log0 = open(tmp_path / 'p0.log').read()
+  assert 'sft (sft): done earlier, skipped' in log0
+  assert '[rl] resumed from step 1' in log0
+  # One process, the same mesh (8 devices in this test process).
+  c = _mini_cascade(dict(data=2, expert=4))
+  c.stages.if_rl.steps = 4
+  want = cascade.run(c, str(tmp_path / 'one'))
+  got = [json.load(open(work / r['name'] / 'stage.json')) for r in want]
+  _assert_same_cascade(tmp_path / 'one', work, want, got, atol=2e-5)
