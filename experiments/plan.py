@@ -6,6 +6,7 @@
 With --workdir, writes config.json and results.json (every figure) there.
 """
 
+import json
 import os
 import sys
 
@@ -30,13 +31,24 @@ from cascade_jax import utils  # pylint: disable=g-import-not-at-top,wrong-impor
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/plan.py', 'Plan config.', lock_config=True)
 _WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'If set, writes config.json and results.json here.')
+    'workdir', None, 'If set, writes config.json, results.json and table.txt '
+    'here (after every step).')
+_FROM = flags.DEFINE_string(
+    'from_results', None, 'Prints (and with --workdir writes) the table of '
+    'an earlier results.json instead of compiling.')
 
 
 def main(argv):
   del argv
   utils.quiet_logs()
   c = _CONFIG.value
+  if _FROM.value:
+    with open(_FROM.value) as f:
+      costs = aot.from_results(json.load(f))
+    _write(c, costs)
+    print(utils.format_table(*aot.table(costs)))
+    print(_LEGEND)
+    return
   cfg = aot.model_config(c)
   print(f'[plan] {c.model.preset}: {model.count_params(cfg)}; params '
         f'{cfg.param_dtype}, compute {cfg.dtype}; remat {cfg.remat}, '
@@ -58,8 +70,9 @@ _LEGEND = (
     'step compiled unrolled at 1 and 2 repeats of the layer unit, '
     'extrapolated to the depth (XLA counts a scanned loop body once); TFLOP '
     '(counted): 2 x active weights x tokens per forward (x3 training, x4 '
-    'with full remat). Times: max(TFLOP / peak, bytes / HBM bandwidth), '
-    'communication not counted.')
+    'with full remat; attention scores not counted). Times: max(TFLOP / '
+    'peak, bytes / HBM bandwidth), communication not counted; "(counted)" '
+    'with the counted TFLOP.')
 
 
 def _write(c, costs):

@@ -4,6 +4,7 @@ from cascade_jax.aot._plan import ACCELERATORS
 from cascade_jax.aot._plan import abstract_train_state
 from cascade_jax.aot._plan import compile_step
 from cascade_jax.aot._plan import devices
+from cascade_jax.aot._plan import from_results
 from cascade_jax.aot._plan import libtpu_available
 from cascade_jax.aot._plan import model_config
 from cascade_jax.aot._plan import run

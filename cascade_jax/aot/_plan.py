@@ -80,9 +80,12 @@ class StepCost:
     return (self.argument_bytes + self.output_bytes + self.temp_bytes
             - self.alias_bytes)
 
-  def seconds(self, accel: str) -> float:
+  def seconds(self, accel: str, *, counted: bool = False) -> float:
+    """Roofline time: FLOPs (cost_analysis', or the counted matmul FLOPs)
+    over peak, or bytes over HBM bandwidth, whichever is larger."""
     a = ACCELERATORS[accel]
-    return max(self.flops / a['flops'], self.bytes_accessed / a['hbm_bw'])
+    flops = self.model_flops if counted else self.flops
+    return max(flops / a['flops'], self.bytes_accessed / a['hbm_bw'])
 
   def fits(self, accel: str) -> bool:
     return self.peak_bytes <= ACCELERATORS[accel]['hbm']
@@ -342,7 +345,9 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
     raise ValueError(f'plan: only names meshes {missing} that config.meshes '
                      f'does not define ({sorted(config.meshes)})')
   out = []
-  for name, spec in config.meshes.items():
+  meshes = sorted(config.meshes.items(), key=lambda kv: math.prod(
+      v for k, v in kv[1].to_dict().items() if k in sharding.MESH_AXES))
+  for name, spec in meshes:
     if only and name not in only:
       continue
     spec = spec.to_dict()
@@ -367,19 +372,33 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
   return out
 
 
+def from_results(rows: list[dict]) -> list[StepCost]:
+  """StepCosts back from an `experiments.plan` results.json."""
+  fields = [f.name for f in dataclasses.fields(StepCost)]
+  out = []
+  for r in rows:
+    mesh, devices = r['mesh'].rsplit(' (', 1)
+    out.append(StepCost(**{
+        **{k: r[k] for k in fields if k in r}, 'mesh': mesh,
+        'devices': int(devices.rstrip(')')), 'step': r['step'],
+        'tokens': r['tokens']}))
+  return out
+
+
 def table(costs: list[StepCost]) -> tuple[list[str], list[list]]:
   """(header, rows) of the plan's report, one row per step and mesh."""
   header = ['mesh', 'step', 'tokens', 'args GB', 'state GB (counted)',
             'out GB', 'temp GB', 'peak GB', 'TFLOP', 'TFLOP (counted)',
-            'HBM GB moved',
-            'v5p ms', 'H200 ms', 'fits v5p', 'fits H200']
+            'HBM GB moved', 'v5p ms', 'v5p ms (counted)', 'H200 ms',
+            'fits v5p', 'fits H200']
   rows = []
   for c in costs:
     rows.append([f'{c.mesh} ({c.devices})', c.step, c.tokens,
                  c.argument_bytes / GB, c.state_bytes / GB,
                  c.output_bytes / GB, c.temp_bytes / GB, c.peak_bytes / GB,
                  c.flops / 1e12, c.model_flops / 1e12, c.bytes_accessed / GB,
-                 1e3 * c.seconds('v5p'), 1e3 * c.seconds('h200'),
+                 1e3 * c.seconds('v5p'), 1e3 * c.seconds('v5p', counted=True),
+                 1e3 * c.seconds('h200'),
                  'yes' if c.fits('v5p') else 'NO',
                  'yes' if c.fits('h200') else 'NO'])
   return header, rows
