@@ -35,6 +35,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.platform = 'auto'               # 'auto' (TPU if libtpu), 'tpu', 'cpu'
   c.steps = 'sft,grpo,mopd,prefill,decode'
   c.only = ''                       # mesh names to compile ('': all)
+  # Meshes whose FLOPs / bytes are measured at full depth ('': all): two
+  # more compiles of each step (aot.depth_cost); elsewhere they are NaN.
+  c.cost_meshes = ''
   arg = arg or 'qwen3_30b_a3b'
   if arg == 'qwen3_30b_a3b':
     # bf16 compute over fp32 master weights (Adam's moments fp32 too).
@@ -43,6 +46,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             param_dtype='float32', dtype='bfloat16'))))
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
+    # Per device the shapes are the same on every mesh: one mesh's costs
+    # (each a third of the plan's compile time) stand for the others'.
+    c.cost_meshes = 'v5p-64'
     c.shapes = ml_collections.ConfigDict(dict(
         sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rollout_rows=8,
         prompt_len=2048, cache_len=8192))

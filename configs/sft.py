@@ -86,7 +86,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg == 'quick':        # ~1 minute: the end-to-end test size
     c.model.overrides = ml_collections.ConfigDict(dict(
         vocab_size=512, embed_dim=64, pattern='*E*E', head_dim=16,
-        moe=dict(expert_dim=64, shared_expert_dim=64)))
+        # dispatch: the small preset's, here to be overridden by a flag
+        # (--config.model.overrides.moe.dispatch=dropless).
+        moe=dict(expert_dim=64, shared_expert_dim=64, dispatch='capacity')))
     c.data.seq_len = 256
     c.data.batch_size = 8
     for s in c.data.sources.values():

@@ -58,9 +58,14 @@ def test_scan_unit_of_patterns():
     model.tiny(logits_chunk=-1)
 
 
-@pytest.mark.parametrize('scan,remat', [(True, 'none'), (False, 'full'),
-                                        (True, 'full'), (True, 'save_dots'),
-                                        (False, 'save_dots_no_batch')])
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize('scan,remat', [
+    (True, 'full'), pytest.param(True, 'none', marks=_SLOW),
+    pytest.param(False, 'full', marks=_SLOW),
+    pytest.param(True, 'save_dots', marks=_SLOW),
+    pytest.param(False, 'save_dots_no_batch', marks=_SLOW)])
 def test_scan_and_remat_equal_the_plain_forward_and_grads(scan, remat):
   toks = _tokens()
   v0, (l0, e0), g0 = _plain()
@@ -75,6 +80,7 @@ def test_scan_and_remat_equal_the_plain_forward_and_grads(scan, remat):
                                err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 def test_scanned_layers_replay_routing_layer_by_layer():
   cfg = _main_job_cfg(pattern='*E' * 3)
   toks = _tokens(2, 10)
@@ -89,7 +95,9 @@ def test_scanned_layers_replay_routing_layer_by_layer():
                              atol=1e-6)
 
 
-@pytest.mark.parametrize('chunk', [0, 5, 8, 64])
+@pytest.mark.parametrize('chunk', [5, pytest.param(0, marks=_SLOW),
+                                   pytest.param(8, marks=_SLOW),
+                                   pytest.param(64, marks=_SLOW)])
 def test_chunked_token_stats_equal_full_logits(chunk):
   # Top-p as the learner scores it (the sampler's kept-set sizes), entropy,
   # and the gradient through the head: a chunk that does not divide T (5)
@@ -185,6 +193,7 @@ def test_rl_update_with_every_memory_feature_equals_the_plain_update():
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_bf16_compute_keeps_fp32_master_weights_and_optimizer_state():
   # dtype (activations, matmuls) bf16 over param_dtype fp32: the optimizer
   # updates fp32 weights with fp32 moments; the loss is the fp32 one to

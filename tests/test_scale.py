@@ -170,6 +170,14 @@ def test_plan_launcher_on_every_small_mesh_and_step(tmp_path):
   assert {r['step'] for r in rows} == set(aot.STEPS)
   for r in rows:
     assert r['fits v5p'] == 'yes' and r['flops'] > 0
+  table = open(tmp_path / 'table.txt').read()
+  again = subprocess.run(
+      [sys.executable, '-m', 'experiments.plan',
+       '--config=configs/plan.py:small',
+       f'--from_results={tmp_path / "results.json"}'],
+      cwd=_ROOT, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert table.split('\n\n')[0] in again.stdout
 
 
 # ------------------------------------------ the cascade on meshes, 2 processes
@@ -223,13 +231,15 @@ def _assert_same_cascade(want_dir, got_dir, want_recs, got_recs, atol):
 
 @pytest.mark.slow
 def test_quick_cascade_on_two_meshes_equals_one_device(tmp_path):
-  # Tolerance: 2e-5 on every weight after SFT (30 AdamW steps), IF-RL and
-  # MOPD; the sampled responses, and so every score, exactly equal.
+  # Tolerance: 1e-4 on every weight after SFT (30 AdamW steps), IF-RL and
+  # MOPD (measured: 7e-6 on data 2 x expert 4, 3e-5 with tensor
+  # parallelism's other summation order); the sampled responses, and so
+  # every score, exactly equal.
   want = cascade.run(_mini_cascade(), str(tmp_path / 'one'))
   for name, mesh in MESHES.items():
     got = cascade.run(_mini_cascade(mesh), str(tmp_path / name))
     _assert_same_cascade(tmp_path / 'one', tmp_path / name, want, got,
-                         atol=2e-5)
+                         atol=1e-4)
     stage = json.load(open(tmp_path / name / 'if_rl' / 'config.json'))
     assert stage['mesh'] == mesh
     assert stage['init_from'] == 'sft'    # relative to the cascade's dir
@@ -294,4 +304,4 @@ def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path):
   c.stages.if_rl.steps = 4
   want = cascade.run(c, str(tmp_path / 'one'))
   got = [json.load(open(work / r['name'] / 'stage.json')) for r in want]
-  _assert_same_cascade(tmp_path / 'one', work, want, got, atol=2e-5)
+  _assert_same_cascade(tmp_path / 'one', work, want, got, atol=1e-4)

@@ -85,7 +85,8 @@ class StepCost:
     over peak, or bytes over HBM bandwidth, whichever is larger."""
     a = ACCELERATORS[accel]
     flops = self.model_flops if counted else self.flops
-    return max(flops / a['flops'], self.bytes_accessed / a['hbm_bw'])
+    nbytes = 0.0 if math.isnan(self.bytes_accessed) else self.bytes_accessed
+    return max(flops / a['flops'], nbytes / a['hbm_bw'])
 
   def fits(self, accel: str) -> bool:
     return self.peak_bytes <= ACCELERATORS[accel]['hbm']
@@ -286,14 +287,20 @@ def depth_cost(step: str, cfg, ctx, opt, shapes) -> tuple[float, float]:
   return tuple(a + (b - a) * (repeats - 1) for a, b in zip(*costs))
 
 
-def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name):
-  """One step lowered and compiled on `ctx`'s mesh: its StepCost."""
+def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
+                 *, with_cost: bool = True):
+  """One step lowered and compiled on `ctx`'s mesh: its StepCost.
+
+  `with_cost` False skips `depth_cost` (two more compiles of the step):
+  FLOPs and bytes are then NaN.
+  """
   n = ctx.mesh.size
   t0 = time.perf_counter()
   compiled, tokens, state_bytes = _compile(step, cfg, ctx, opt, shapes)
   dt = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  flops, nbytes = depth_cost(step, cfg, ctx, opt, shapes)
+  flops, nbytes = (depth_cost(step, cfg, ctx, opt, shapes) if with_cost
+                   else (math.nan, math.nan))
   return StepCost(
       step=step, mesh=mesh_name, devices=n, platform=platform, tokens=tokens,
       argument_bytes=int(mem.argument_size_in_bytes),
@@ -361,8 +368,11 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
     ctx = sharding.ShardingCtx(sharding.make_mesh(shape, devs), rules)
     shapes = {k: int(v) * (n if k.endswith('_rows') else 1)
               for k, v in config.shapes.items()}
+    cost_meshes = [m.strip() for m in config.get('cost_meshes', '').split(',')
+                   if m.strip()]
     for step in steps:
-      cost = compile_step(step, cfg, ctx, opt, shapes, platform, name)
+      cost = compile_step(step, cfg, ctx, opt, shapes, platform, name,
+                          with_cost=not cost_meshes or name in cost_meshes)
       progress(f'[plan] {name} ({n} devices, {platform}) {step}: '
                f'{cost.peak_bytes / GB:.2f} GB/device, '
                f'{cost.flops:.3g} FLOPs, compiled in {cost.compile_s:.1f}s')
