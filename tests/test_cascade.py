@@ -62,8 +62,16 @@ def test_bad_kind_is_named():
     cascade.plan(c)
 
 
+def _laptop(c):
+  """The cascade as the main job runs it on a laptop: one device, no mesh
+  (the suite's 8 fake devices are for the sharding tests; the cascade on
+  meshes and on two processes: tests/test_scale.py)."""
+  c.mesh = type(c.mesh)({})
+  return c
+
+
 def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
-  c = cascade_config.get_config('quick')
+  c = _laptop(cascade_config.get_config('quick'))
   c.order = 'sft,rm,rlhf_branch,if_rl,mopd'
   c.stages.mopd.teachers = dict(math='sft', instruction_following='if_rl',
                                 multi_domain='', preference='rlhf_branch')
@@ -140,7 +148,7 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
 
 
 def test_a_killed_stage_resumes(tmp_path, monkeypatch):
-  c = cascade_config.get_config('quick')
+  c = _laptop(cascade_config.get_config('quick'))
   c.order = 'sft,if_rl'
   cascade.run(c, str(tmp_path / 'first'))
   # Each stage records its model; stage paths are relative to the cascade.
