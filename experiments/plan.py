@@ -71,8 +71,8 @@ _LEGEND = (
     'extrapolated to the depth (XLA counts a scanned loop body once); TFLOP '
     '(counted): 2 x active weights x tokens per forward (x3 training, x4 '
     'with full remat; attention scores not counted). Times: max(TFLOP / '
-    'peak, bytes / HBM bandwidth), communication not counted; "(counted)" '
-    'with the counted TFLOP.')
+    'peak, bytes / HBM bandwidth), communication not counted; "(counted)": '
+    'the counted TFLOP and the arguments read once (a lower bound).')
 
 
 def _write(c, costs):

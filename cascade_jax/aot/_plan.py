@@ -81,12 +81,15 @@ class StepCost:
             - self.alias_bytes)
 
   def seconds(self, accel: str, *, counted: bool = False) -> float:
-    """Roofline time: FLOPs (cost_analysis', or the counted matmul FLOPs)
-    over peak, or bytes over HBM bandwidth, whichever is larger."""
+    """Roofline time: FLOPs over peak or bytes over HBM bandwidth, whichever
+    is larger; cost_analysis' figures, or `counted`: the counted matmul
+    FLOPs and the arguments (weights, optimizer state, KV cache, batch)
+    read once, a lower bound."""
     a = ACCELERATORS[accel]
-    flops = self.model_flops if counted else self.flops
-    nbytes = 0.0 if math.isnan(self.bytes_accessed) else self.bytes_accessed
-    return max(flops / a['flops'], nbytes / a['hbm_bw'])
+    if counted:
+      return max(self.model_flops / a['flops'],
+                 self.argument_bytes / a['hbm_bw'])
+    return max(self.flops / a['flops'], self.bytes_accessed / a['hbm_bw'])
 
   def fits(self, accel: str) -> bool:
     return self.peak_bytes <= ACCELERATORS[accel]['hbm']
