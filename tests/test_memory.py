@@ -172,6 +172,7 @@ def _collect_batch(cfg, tok_vocab, seed=0):
   return tok, c, batch
 
 
+@pytest.mark.slow
 def test_rl_update_with_every_memory_feature_equals_the_plain_update():
   cfg = _main_job_cfg()
   tok, c, batch = _collect_batch(cfg, 160)

@@ -52,6 +52,7 @@ def test_placement_config_errors_name_their_cause():
     train.mesh_ctx(c)
 
 
+@pytest.mark.slow
 def test_setup_places_batches_and_records_the_model(tmp_path):
   c = ml_collections.ConfigDict(train.placement_defaults())
   c.mesh.data, c.mesh.expert = 2, 4
@@ -131,6 +132,7 @@ def test_distributed_launch_modes(monkeypatch):
 # ---------------------------------------------------------------- AOT plan
 
 
+@pytest.mark.slow
 def test_plan_on_a_small_preset_reports_consistent_bytes():
   c = plan_config.get_config('small')
   c.only, c.steps = 'fsdp2_tensor2_expert2', 'sft,decode'
