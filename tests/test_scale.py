@@ -234,7 +234,7 @@ def _assert_same_cascade(want_dir, got_dir, want_recs, got_recs, atol,
                       if 'reward_mean' in l]
     for a, b in zip(rows(want_dir), rows(got_dir)):
       assert a['reward_mean'] == b['reward_mean'], name
-      np.testing.assert_allclose(b['loss'], a['loss'], atol=1e-5)
+      np.testing.assert_allclose(b['loss'], a['loss'], atol=1e-4)
 
 
 @pytest.mark.slow
