@@ -9,7 +9,7 @@ markers='not slow and not gpu'
 if [[ "${CI:-}" == "true" ]]; then markers='not gpu'; fi
 ruff check --quiet .
 # pytest exits 5 when no test ran: that is a failure here too.
-python -m pytest -n 2 -m "$markers" "$@" || exit $?
+python -m pytest -n 2 --dist loadgroup -m "$markers" "$@" || exit $?
 if [[ "${CI:-}" == "true" ]]; then
   for k in 0 1; do
     echo "[test] sampler and rollout tests with CASCADE_JAX_CPU_KERNELS=$k"

@@ -15,7 +15,6 @@ import pytest
 from flax import nnx
 
 from cascade_jax import aot
-from cascade_jax import cascade
 from cascade_jax import checkpoint
 from cascade_jax import model
 from cascade_jax import sharding
@@ -133,6 +132,7 @@ def test_distributed_launch_modes(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
 def test_plan_on_a_small_preset_reports_consistent_bytes():
   c = plan_config.get_config('small')
   c.only, c.steps = 'fsdp2_tensor2_expert2', 'sft,decode'
@@ -160,6 +160,25 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
+def test_plan_on_the_hybrid_preset_compiles_every_step():
+  # Mamba-2 layers in every step: training, RL updates, the sampler's
+  # chunked prefill and its one-token step (the cache's Mamba states
+  # sharded over `tensor`).
+  c = plan_config.get_config('small_hybrid')
+  costs = aot.run(c, progress=lambda s: None)
+  assert [x.step for x in costs] == ['sft', 'grpo', 'mopd', 'prefill',
+                                     'decode']
+  sft = costs[0]
+  batch = 5 * 128 * 4
+  assert sft.argument_bytes == pytest.approx(sft.state_bytes + batch,
+                                             rel=0.01)
+  assert sft.flops >= sft.model_flops > 0
+  assert all(x.fits('h200') for x in costs)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
 def test_plan_launcher_on_every_small_mesh_and_step(tmp_path):
   out = subprocess.run(
       [sys.executable, '-m', 'experiments.plan',
@@ -238,20 +257,40 @@ def _assert_same_cascade(want_dir, got_dir, want_recs, got_recs, atol,
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
 def test_quick_cascade_on_two_meshes_equals_one_device(tmp_path):
   # Tolerance, every weight after SFT (30 AdamW steps), IF-RL and MOPD:
   # 1e-4 relative in norm per tensor, 1e-3 for any one weight (measured:
   # 7e-6 max on data 2 x expert 4; 1.1e-4 for one MOPD weight of 32,768
   # with tensor parallelism's other summation order); the sampled
   # responses, and so every score, exactly equal.
-  want = cascade.run(_mini_cascade(), str(tmp_path / 'one'))
+  # Each cascade in a process of its own, as a user runs it (in CI's test
+  # worker, after hundreds of other tests, one crashed without a trace).
+  want = _cascade_in_a_process(None, tmp_path / 'one')
   for name, mesh in MESHES.items():
-    got = cascade.run(_mini_cascade(mesh), str(tmp_path / name))
+    got = _cascade_in_a_process(mesh, tmp_path / name)
     _assert_same_cascade(tmp_path / 'one', tmp_path / name, want, got,
                          atol=1e-4)
     stage = json.load(open(tmp_path / name / 'if_rl' / 'config.json'))
     assert stage['mesh'] == mesh
     assert stage['init_from'] == 'sft'    # relative to the cascade's dir
+
+
+def _cascade_in_a_process(mesh, workdir, if_rl_steps=None) -> list[dict]:
+  """`cascade.run(_mini_cascade(mesh), workdir)` in a fresh Python process
+  (this file's 8 CPU devices); its stage records."""
+  out_json = f'{workdir}.json'
+  code = ('import json, runpy\n'
+          'from cascade_jax import cascade\n'
+          f'ns = runpy.run_path({__file__!r})\n'
+          f'c = ns["_mini_cascade"]({mesh!r})\n'
+          f'if {if_rl_steps!r}: c.stages.if_rl.steps = {if_rl_steps!r}\n'
+          f'recs = cascade.run(c, {str(workdir)!r})\n'
+          f'json.dump(recs, open({out_json!r}, "w"))\n')
+  out = subprocess.run([sys.executable, '-X', 'faulthandler', '-c', code],
+                       cwd=_ROOT, capture_output=True, text=True, timeout=1500)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+  return json.load(open(out_json))
 
 
 def _free_port() -> int:
@@ -279,6 +318,7 @@ def _launch(workdir, i, port, log):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
 def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path):
   # 2 processes x 4 CPU devices = one data 2 x expert 4 mesh. Process 1 is
   # killed mid IF-RL (after its step-1 checkpoint); both are restarted and
@@ -309,8 +349,7 @@ def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path):
   assert 'sft (sft): done earlier, skipped' in log0
   assert '[rl] resumed from step 1' in log0
   # One process, the same mesh (8 devices in this test process).
-  c = _mini_cascade(dict(data=2, expert=4))
-  c.stages.if_rl.steps = 4
-  want = cascade.run(c, str(tmp_path / 'one'))
+  want = _cascade_in_a_process(dict(data=2, expert=4), tmp_path / 'one',
+                               if_rl_steps=4)
   got = [json.load(open(work / r['name'] / 'stage.json')) for r in want]
   _assert_same_cascade(tmp_path / 'one', work, want, got, atol=1e-4)
