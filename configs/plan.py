@@ -1,6 +1,7 @@
 """AOT plans: every step of a model compiled for meshes of 8, 64 and 256 devices, from shapes only.
 
   python -m experiments.plan --config=configs/plan.py:qwen3_30b_a3b
+  python -m experiments.plan --config=configs/plan.py:nemotron3_nano_30b_a3b
   python -m experiments.plan --config=configs/plan.py:small      # the test size
   bash scripts/plan.sh --config=configs/plan.py:qwen3_30b_a3b    # TPU v5p topologies
 
@@ -52,6 +53,31 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.shapes = ml_collections.ConfigDict(dict(
         sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rollout_rows=8,
         prompt_len=2048, cache_len=8192))
+  elif arg == 'nemotron3_nano_30b_a3b':
+    # The paper's base model: 23 Mamba-2, 23 MoE, 6 attention layers. Its
+    # pattern has no repeating unit, so the layers run unrolled (scanning
+    # needs one) and each compile counts the full depth's FLOPs itself.
+    c.model = ml_collections.ConfigDict(dict(
+        preset='nemotron3_nano_30b_a3b',
+        overrides=ml_collections.ConfigDict(dict(
+            param_dtype='float32', dtype='bfloat16'))))
+    c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
+    c.meshes = ml_collections.ConfigDict(MESHES_30B)
+    c.shapes = ml_collections.ConfigDict(dict(
+        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rollout_rows=8,
+        prompt_len=2048, cache_len=8192))
+  elif arg == 'small_hybrid':
+    # The hybrid main job's model on 8 fake devices (the test size).
+    c.platform = 'cpu'
+    c.model = ml_collections.ConfigDict(dict(
+        preset='small_hybrid', overrides=ml_collections.ConfigDict(dict(
+            vocab_size=1024, pattern='ME*E' * 2))))
+    c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=32))
+    c.meshes = ml_collections.ConfigDict({
+        'fsdp2_tensor2_expert2': dict(fsdp=2, tensor=2, expert=2)})
+    c.shapes = ml_collections.ConfigDict(dict(
+        sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rollout_rows=2,
+        prompt_len=32, cache_len=64))
   elif arg == 'small':
     # The main job's model on 8 fake devices, two meshes (the test size).
     c.platform = 'cpu'
@@ -67,5 +93,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         prompt_len=32, cache_len=64))
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
-                     'qwen3_30b_a3b, small)')
+                     'qwen3_30b_a3b, nemotron3_nano_30b_a3b, small, '
+                     'small_hybrid)')
   return c

@@ -36,14 +36,16 @@ def test_moe_config_errors_name_the_field(kw, field):
     model.MoEConfig(**{**dict(num_experts=4, top_k=2, expert_dim=8), **kw})
 
 
-def test_mamba_layers_are_refused_clearly_when_built():
+def test_mamba_layers_build():
   cfg = model.nemotron3_nano_30b_a3b(
       vocab_size=32, embed_dim=16, pattern='M*E', num_heads=2,
-      num_kv_heads=1, head_dim=8,
-      moe=model.MoEConfig(num_experts=4, top_k=2, expert_dim=8))
+      num_kv_heads=1, head_dim=8, dtype='float32', param_dtype='float32',
+      moe=model.MoEConfig(num_experts=4, top_k=2, expert_dim=8),
+      mamba=model.MambaConfig(num_heads=4, head_dim=4, state_dim=4,
+                              num_groups=2, chunk_size=4))
   from flax import nnx
-  with pytest.raises(ValueError, match='Mamba-2'):
-    model.Transformer(cfg, rngs=nnx.Rngs(0))
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  assert m.blocks[0].kind == 'M'
 
 
 def test_unknown_preset():

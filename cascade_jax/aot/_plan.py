@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import importlib.util
 import math
+import re
 import time
 from collections.abc import Mapping
 
@@ -73,6 +74,10 @@ class StepCost:
   state_bytes: int            # counted from the shapes and shardings: weights
                               # (+ optimizer state when training), per device
   model_flops: float          # counted: matmul FLOPs of the active weights, per device
+  # Why the figures are partial, e.g. the compiler ran out of device memory
+  # (then temp_bytes is what it said the temporaries need, arguments are the
+  # counted state plus the batch, and FLOPs are NaN).
+  note: str = ''
 
   @property
   def peak_bytes(self) -> int:
@@ -92,7 +97,9 @@ class StepCost:
     return max(self.flops / a['flops'], self.bytes_accessed / a['hbm_bw'])
 
   def fits(self, accel: str) -> bool:
-    return self.peak_bytes <= ACCELERATORS[accel]['hbm']
+    """Peak within the chip's HBM, and the step compiled (a step the
+    compiler refused, `note`, does not run as configured)."""
+    return not self.note and self.peak_bytes <= ACCELERATORS[accel]['hbm']
 
 
 # ------------------------------------------------------------------ devices
@@ -187,11 +194,16 @@ def _abstract_cache(cfg, ctx, rows, length):
       ('batch', 'kv_heads', None, None), a.shape))
   rowwise = lambda a: _sds(a.shape, a.dtype, ctx.sharding(('batch', None),
                                                           a.shape))
+  axes = model_lib.mamba_state_axes()
+  mamba = tuple(
+      model_lib.MambaState(*(_sds(a.shape, a.dtype, ctx.sharding(ax, a.shape))
+                             for a, ax in zip(st, axes)))
+      for st in cache.mamba)
   return model_lib.KVCache(
       k=tuple(kv(a) for a in cache.k), v=tuple(kv(a) for a in cache.v),
       positions=rowwise(cache.positions),
       segment_ids=rowwise(cache.segment_ids),
-      index=_sds((), jnp.int32, NamedSharding(ctx.mesh, P())))
+      index=_sds((), jnp.int32, NamedSharding(ctx.mesh, P())), mamba=mamba)
 
 
 @functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
@@ -299,11 +311,23 @@ def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
   """
   n = ctx.mesh.size
   t0 = time.perf_counter()
-  compiled, tokens, state_bytes = _compile(step, cfg, ctx, opt, shapes)
+  try:
+    compiled, tokens, state_bytes = _compile(step, cfg, ctx, opt, shapes)
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    return _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name,
+                          str(e), time.perf_counter() - t0)
   dt = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  flops, nbytes = (depth_cost(step, cfg, ctx, opt, shapes) if with_cost
-                   else (math.nan, math.nan))
+  if len(cfg.scan_unit) == cfg.num_layers or not cfg.scan_layers:
+    # Unrolled already (a pattern with no repeating unit, such as
+    # Nemotron-H's, or scanning off): the compiled figures are the full depth.
+    flops, nbytes = _cost(compiled)
+  elif with_cost:
+    flops, nbytes = depth_cost(step, cfg, ctx, opt, shapes)
+  else:
+    flops, nbytes = math.nan, math.nan
   return StepCost(
       step=step, mesh=mesh_name, devices=n, platform=platform, tokens=tokens,
       argument_bytes=int(mem.argument_size_in_bytes),
@@ -313,6 +337,27 @@ def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
       bytes_accessed=nbytes, compile_s=dt,
       state_bytes=state_bytes,
       model_flops=model_flops(step, cfg, tokens) / n)
+
+
+def _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name, error,
+                   seconds) -> StepCost:
+  """The StepCost of a step the compiler refused for want of device memory
+  (a real TPU compile checks the chip's HBM): what it said it needs."""
+  _, args, _, tokens = _abstract_step(step, cfg, ctx, opt, shapes)
+  state = args[0] if step in ('sft', 'grpo', 'mopd') else args[1]
+  found = re.search(r'HLO temporaries \(([\d.]+)([KMGT])\)', error)
+  scale = dict(K=1e3, M=1e6, G=1e9, T=1e12)
+  temp = float(found.group(1)) * scale[found.group(2)] if found else math.nan
+  start = error.find('RESOURCE_EXHAUSTED')
+  line = ' '.join(error[max(start, 0):].split())
+  return StepCost(
+      step=step, mesh=mesh_name, devices=ctx.mesh.size, platform=platform,
+      tokens=tokens, argument_bytes=per_device_bytes(args),
+      output_bytes=0, temp_bytes=int(temp) if temp == temp else 0,
+      alias_bytes=0, flops=math.nan, bytes_accessed=math.nan,
+      compile_s=seconds, state_bytes=per_device_bytes(state),
+      model_flops=model_flops(step, cfg, tokens) / ctx.mesh.size,
+      note=line[:400])
 
 
 def model_flops(step: str, cfg, tokens: int) -> float:
@@ -378,7 +423,8 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
                           with_cost=not cost_meshes or name in cost_meshes)
       progress(f'[plan] {name} ({n} devices, {platform}) {step}: '
                f'{cost.peak_bytes / GB:.2f} GB/device, '
-               f'{cost.flops:.3g} FLOPs, compiled in {cost.compile_s:.1f}s')
+               f'{cost.flops:.3g} FLOPs, compiled in {cost.compile_s:.1f}s'
+               + (f' ({cost.note})' if cost.note else ''))
       out.append(cost)
       if on_step is not None:
         on_step(out)
@@ -403,7 +449,7 @@ def table(costs: list[StepCost]) -> tuple[list[str], list[list]]:
   header = ['mesh', 'step', 'tokens', 'args GB', 'state GB (counted)',
             'out GB', 'temp GB', 'peak GB', 'TFLOP', 'TFLOP (counted)',
             'HBM GB moved', 'v5p ms', 'v5p ms (counted)', 'H200 ms',
-            'fits v5p', 'fits H200']
+            'fits v5p', 'fits H200', 'note']
   rows = []
   for c in costs:
     rows.append([f'{c.mesh} ({c.devices})', c.step, c.tokens,
@@ -413,5 +459,5 @@ def table(costs: list[StepCost]) -> tuple[list[str], list[list]]:
                  1e3 * c.seconds('v5p'), 1e3 * c.seconds('v5p', counted=True),
                  1e3 * c.seconds('h200'),
                  'yes' if c.fits('v5p') else 'NO',
-                 'yes' if c.fits('h200') else 'NO'])
+                 'yes' if c.fits('h200') else 'NO', c.note])
   return header, rows

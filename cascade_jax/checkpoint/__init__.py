@@ -1,5 +1,8 @@
 """Checkpoints: Orbax save / restore of runs, Hugging Face import / export."""
 
+from cascade_jax.checkpoint._hf_nemotron_h import config_from_hf_nemotron_h
+from cascade_jax.checkpoint._hf_nemotron_h import load_hf_nemotron_h
+from cascade_jax.checkpoint._hf_nemotron_h import save_hf_nemotron_h
 from cascade_jax.checkpoint._hf_qwen3 import config_from_hf
 from cascade_jax.checkpoint._hf_qwen3 import load_hf_qwen3_moe
 from cascade_jax.checkpoint._hf_qwen3 import save_hf_qwen3_moe

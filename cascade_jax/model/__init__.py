@@ -2,6 +2,8 @@
 
 from cascade_jax.model._attention import attention_mask
 from cascade_jax.model._config import ATTENTION
+from cascade_jax.model._config import MAMBA
+from cascade_jax.model._config import MLP
 from cascade_jax.model._config import MOE
 from cascade_jax.model._attention import rope_tables
 from cascade_jax.model._config import MambaConfig
@@ -12,10 +14,15 @@ from cascade_jax.model._config import preset
 from cascade_jax.model._config import PRESETS
 from cascade_jax.model._config import qwen3_30b_a3b
 from cascade_jax.model._config import small
+from cascade_jax.model._config import small_hybrid
 from cascade_jax.model._config import tiny
 from cascade_jax.model._dispatch import capacity_slots
 from cascade_jax.model._dispatch import expert_forward
 from cascade_jax.model._dispatch import replay_capacity
+from cascade_jax.model._mamba import Mamba2
+from cascade_jax.model._mamba import MambaState
+from cascade_jax.model._mamba import resets as mamba_resets
+from cascade_jax.model._mamba import state_axes as mamba_state_axes
 from cascade_jax.model._moe import exact_dispatch
 from cascade_jax.model._moe import ExpertBias
 from cascade_jax.model._moe import MoE

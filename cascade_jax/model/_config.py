@@ -63,13 +63,34 @@ class MoEConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MambaConfig:
-  """Mamba-2 mixer shape (the 'M' layers; the mixer itself is not built yet)."""
+  """Mamba-2 mixer ('M' layers, Nemotron-H): heads x head_dim inner width."""
   num_heads: int
   head_dim: int
   state_dim: int
-  num_groups: int
+  num_groups: int                  # B / C groups; heads per group = H / G
   conv_kernel: int = 4
-  chunk_size: int = 128
+  chunk_size: int = 128            # SSD chunk (training, prefill)
+  conv_bias: bool = True
+  # dt = max(softplus(dt + dt_bias), dt_min), in the chunked scan and in the
+  # one-token step alike (transformers clamps in the first only; see
+  # cascade_jax/model/_mamba.py). 0 disables the clamp.
+  dt_min: float = 0.001
+  dt_init_min: float = 0.001       # dt_bias init: dt log-uniform in this range
+  dt_init_max: float = 0.1
+
+  def __post_init__(self):
+    for name in ('num_heads', 'head_dim', 'state_dim', 'num_groups',
+                 'conv_kernel'):
+      _check(getattr(self, name) > 0, f'mamba.{name}', 'must be positive')
+    _check(self.num_heads % self.num_groups == 0, 'mamba.num_groups',
+           f'num_heads={self.num_heads} is not divisible by '
+           f'num_groups={self.num_groups} (each group serves H / G heads)')
+    _check(self.chunk_size > 0, 'mamba.chunk_size',
+           f'must be positive, got {self.chunk_size}')
+    _check(self.dt_min >= 0, 'mamba.dt_min', 'must be >= 0')
+    _check(0 < self.dt_init_min <= self.dt_init_max, 'mamba.dt_init_min',
+           f'need 0 < dt_init_min <= dt_init_max, got {self.dt_init_min}, '
+           f'{self.dt_init_max}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +172,9 @@ class ModelConfig:
   def replace_moe(self, **kw) -> 'ModelConfig':
     return dataclasses.replace(self, moe=dataclasses.replace(self.moe, **kw))
 
+  def replace_mamba(self, **kw) -> 'ModelConfig':
+    return dataclasses.replace(self, mamba=dataclasses.replace(self.mamba, **kw))
+
 
 # ---------------------------------------------------------------- presets
 
@@ -174,6 +198,26 @@ def small(**kw) -> ModelConfig:
                     score_fn='sigmoid', use_expert_bias=True,
                     routed_scale=1.0, num_shared_experts=1,
                     shared_expert_dim=128, dispatch='capacity'))
+  return ModelConfig(**{**base, **kw})
+
+
+def small_hybrid(**kw) -> ModelConfig:
+  """`small` with Mamba-2 layers: the CPU main job's Nemotron-H-style hybrid.
+
+  Pattern 'ME*E' x 2 (Mamba-2, MoE, attention, MoE): two of `small`'s four
+  attention layers become Mamba-2 (8 heads x 32, state 16, 2 groups);
+  squared-ReLU experts and sigmoid routing scaled by 2.5, as Nemotron-H.
+  """
+  base = dict(
+      vocab_size=512, embed_dim=128, pattern='ME*E' * 2, num_heads=4,
+      num_kv_heads=2, head_dim=32, use_rope=False, norm_eps=1e-5,
+      moe=MoEConfig(num_experts=8, top_k=2, expert_dim=128,
+                    activation='relu2', score_fn='sigmoid', renormalize=True,
+                    routed_scale=2.5, use_expert_bias=True,
+                    num_shared_experts=1, shared_expert_dim=128,
+                    dispatch='capacity'),
+      mamba=MambaConfig(num_heads=8, head_dim=32, state_dim=16, num_groups=2,
+                        conv_kernel=4, chunk_size=32))
   return ModelConfig(**{**base, **kw})
 
 
@@ -211,6 +255,7 @@ def nemotron3_nano_30b_a3b(**kw) -> ModelConfig:
 PRESETS = {
     'tiny': tiny,
     'small': small,
+    'small_hybrid': small_hybrid,
     'qwen3_30b_a3b': qwen3_30b_a3b,
     'nemotron3_nano_30b_a3b': nemotron3_nano_30b_a3b,
 }

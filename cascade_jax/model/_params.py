@@ -8,7 +8,6 @@ import math
 import jax
 from flax import nnx
 
-from cascade_jax.model._config import MAMBA
 from cascade_jax.model._config import ModelConfig
 from cascade_jax.model._transformer import Transformer
 
@@ -26,7 +25,8 @@ class ParamCount:
 
 
 def mamba2_param_count(cfg: ModelConfig) -> int:
-  """Parameters of one Mamba-2 mixer (Nemotron-H layout, no biases but conv)."""
+  """Parameters of one Mamba-2 mixer counted from the formula (Nemotron-H
+  layout, no biases but the conv's): a check on the built module's count."""
   m = cfg.mamba
   d_inner = m.num_heads * m.head_dim
   conv_dim = d_inner + 2 * m.num_groups * m.state_dim
@@ -40,28 +40,18 @@ def mamba2_param_count(cfg: ModelConfig) -> int:
 
 
 def count_params(cfg: ModelConfig) -> ParamCount:
-  """Counts parameters with `nnx.eval_shape`: shapes only, nothing allocated.
-
-  Mamba-2 ('M') layers are not built yet; each adds `mamba2_param_count`
-  (its pre-norm included), so the Nemotron-3-Nano shape counts in full.
-  """
-  n_mamba = cfg.pattern.count(MAMBA)
-  built = cfg.replace(pattern=cfg.pattern.replace(MAMBA, '')) if n_mamba else cfg
+  """Counts parameters with `nnx.eval_shape`: shapes only, nothing allocated."""
   total = active = 0
-  if built.pattern:
-    model = nnx.eval_shape(lambda: Transformer(built, rngs=nnx.Rngs(0)))
-    params = nnx.state(model, nnx.Param)
-    for path, v in jax.tree_util.tree_leaves_with_path(
-        params, is_leaf=lambda x: isinstance(x, nnx.Variable)):
-      n = math.prod(v.shape)
-      total += n
-      axes = v.get_metadata()['logical_axes']
-      if axes and axes[0] == 'exp':
-        active += n * cfg.moe.top_k // cfg.moe.num_experts
-      else:
-        active += n
-  per_mamba = mamba2_param_count(cfg) + cfg.embed_dim if n_mamba else 0
-  total += n_mamba * per_mamba
-  active += n_mamba * per_mamba
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  params = nnx.state(model, nnx.Param)
+  for _, v in jax.tree_util.tree_leaves_with_path(
+      params, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    n = math.prod(v.shape)
+    total += n
+    axes = v.get_metadata()['logical_axes']
+    if axes and axes[0] == 'exp':
+      active += n * cfg.moe.top_k // cfg.moe.num_experts
+    else:
+      active += n
   return ParamCount(total=total, active=active,
                     embedding=cfg.vocab_size * cfg.embed_dim)

@@ -21,6 +21,9 @@ from cascade_jax.model._config import MOE
 from cascade_jax.model._layers import Mlp
 from cascade_jax.model._layers import param
 from cascade_jax.model._layers import RMSNorm
+from cascade_jax.model import _mamba
+from cascade_jax.model._mamba import Mamba2
+from cascade_jax.model._mamba import MambaState
 from cascade_jax.model._moe import ExpertBias
 from cascade_jax.model._moe import MoE
 from cascade_jax.model._moe import update_expert_bias
@@ -42,6 +45,9 @@ class KVCache:
   positions: jax.Array             # [B, S] int32
   segment_ids: jax.Array           # [B, S] int32
   index: jax.Array                 # [] int32, next slot to write
+  # Per Mamba-2 layer: its conv inputs and SSM state after the last token
+  # written (they do not grow with S).
+  mamba: tuple[MambaState, ...] = ()
 
   @property
   def max_len(self) -> int:
@@ -53,6 +59,13 @@ class KVCache:
         buf, x.astype(jnp.int32), self.index, axis=1)
     return put(self.positions, positions_bt), put(self.segment_ids,
                                                   segment_ids_bt)
+
+  def last_segment(self) -> jax.Array:
+    """[B] int32: the segment of the last token written (0 if none)."""
+    prev = jax.lax.dynamic_index_in_dim(
+        self.segment_ids, jnp.maximum(self.index - 1, 0), axis=1,
+        keepdims=False)
+    return jnp.where(self.index > 0, prev, 0)
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int,
@@ -66,7 +79,9 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int,
       v=tuple(jnp.zeros(v_shape, dt) for _ in range(n_attn)),
       positions=jnp.zeros((batch, max_len), jnp.int32),
       segment_ids=jnp.zeros((batch, max_len), jnp.int32),
-      index=jnp.zeros((), jnp.int32))
+      index=jnp.zeros((), jnp.int32),
+      mamba=tuple(_mamba.init_state(cfg, batch, dt)
+                  for _ in range(cfg.pattern.count(MAMBA))))
 
 
 class Block(nnx.Module):
@@ -86,10 +101,7 @@ class Block(nnx.Module):
                        activation_name=cfg.mlp_activation, rngs=rngs, ctx=ctx,
                        dtype=pdt)
     elif kind == MAMBA:
-      raise ValueError(
-          "pattern: Mamba-2 ('M') layers are reserved and not built yet; "
-          'their parameters are counted by count_params, but a model with '
-          "'M' layers cannot be instantiated")
+      self.mixer = Mamba2(cfg, rngs=rngs, ctx=ctx)
     else:
       raise ValueError(f'pattern: unknown layer letter {kind!r}')
 
@@ -168,9 +180,12 @@ class Transformer(nnx.Module):
       mask = attention_mask(positions_bt, segment_ids_bt, cache_pos, cache_seg)
     shared = dict(positions_bt=positions_bt, segment_ids_bt=segment_ids_bt,
                   valid_bt=valid, rope_cs=rope_cs, mask_bts=mask)
+    if MAMBA in cfg.pattern:   # where the Mamba layers' state restarts
+      shared['reset_bt'] = _mamba.resets(
+          segment_ids_bt, None if cache is None else cache.last_segment())
     moe = (moe_dispatch, moe_capacity)
     if cache is not None:
-      x, routers, new_k, new_v = self._cached_blocks(
+      x, routers, new_k, new_v, new_m = self._cached_blocks(
           x, shared, moe, cache, cache_pos, cache_seg, expert_idx)
     elif cfg.scan_layers and len(cfg.scan_unit) < cfg.num_layers:
       x, routers = self._scanned_blocks(x, shared, moe, expert_idx)
@@ -188,7 +203,7 @@ class Transformer(nnx.Module):
     if cache is not None:
       info['cache'] = KVCache(k=tuple(new_k), v=tuple(new_v),
                               positions=cache_pos, segment_ids=cache_seg,
-                              index=cache.index + t)
+                              index=cache.index + t, mamba=tuple(new_m))
     if return_hidden or not return_logits:
       info['hidden'] = x
     return logits, info
@@ -249,8 +264,8 @@ class Transformer(nnx.Module):
 
   def _cached_blocks(self, x, shared, moe, cache, cache_pos, cache_seg,
                      expert_idx):
-    """Every block over a KV cache: (x, router stats, new keys, new values)."""
-    new_k, new_v, routers = [], [], []
+    """Every block over a cache: (x, router stats, new keys, new values, Mamba states)."""
+    new_k, new_v, routers, new_m = [], [], [], []
     b, t, _ = x.shape
     for blk in self.blocks:
       h = blk.norm(x)
@@ -270,10 +285,14 @@ class Transformer(nnx.Module):
                              expert_idx_btk=replay,
                              dispatch=moe[0], capacity=moe[1])
         routers.append(stats)
+      elif blk.kind == MAMBA:
+        h, st = blk.mixer(h, reset_bt=shared['reset_bt'],
+                          state=cache.mamba[len(new_m)])
+        new_m.append(st)
       else:
         h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
       x = self.constrain(x + h)
-    return x, _stack_stats(routers), new_k, new_v
+    return x, _stack_stats(routers), new_k, new_v, new_m
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] in the compute dtype."""
@@ -337,6 +356,8 @@ def _block_fn(graph, moe, ctx, state, x, replay, shared):
   elif blk.kind == MOE:
     h, stats = blk.mixer(h, valid_bt=shared['valid_bt'], expert_idx_btk=replay,
                          dispatch=moe[0], capacity=moe[1])
+  elif blk.kind == MAMBA:
+    h, _ = blk.mixer(h, reset_bt=shared['reset_bt'])
   else:
     h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
   x = x + h

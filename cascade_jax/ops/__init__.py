@@ -6,6 +6,7 @@
   moe_decode       xla (the sampler's layouts) | cpu_kernel (likewise)
   argmax           xla | cpu_kernel (likewise)
   token_logprobs   xla
+  ssd              xla (Mamba-2's chunked scan and its one-token step)
   expert_exchange  all_gather (CPU) | ragged_all_to_all (GPU, TPU)
 
 `selected()` says what ran; `configure(attention='xla')`, a config's `ops`
@@ -28,6 +29,8 @@ from cascade_jax.ops._decode import moe_decode_uses_kernel
 from cascade_jax.ops._decode import moe_ffn
 from cascade_jax.ops._logprobs import token_logprobs
 from cascade_jax.ops._matmul import grouped_matmul
+from cascade_jax.ops._ssd import ssd
+from cascade_jax.ops._ssd import ssd_step
 from cascade_jax.ops._registry import configure
 from cascade_jax.ops._registry import forced
 from cascade_jax.ops._registry import IMPLEMENTATIONS

@@ -1,7 +1,7 @@
 """Which implementation each op runs: picked per backend and dtype, recorded, forceable.
 
 Every heavy op (`grouped_matmul`, `attention`, `cache_attention`,
-`moe_decode`, `argmax`, `token_logprobs`) asks `pick` at trace time. `pick`
+`moe_decode`, `argmax`, `token_logprobs`, `ssd`) asks `pick` at trace time. `pick`
 takes the first candidate that is available for the call (backend, dtype,
 shapes) unless the op is forced, by `configure` (a config's `ops` section)
 or the environment (CASCADE_JAX_OPS="attention=xla,grouped_matmul=tokamax"),
@@ -33,6 +33,7 @@ IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
     'moe_decode': ('xla', 'cpu_kernel'),
     'argmax': ('xla', 'cpu_kernel'),
     'token_logprobs': ('xla',),
+    'ssd': ('xla',),
     'expert_exchange': ('all_gather', 'ragged_all_to_all',
                         'ragged_all_to_all_emulated'),
 }

@@ -172,9 +172,9 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
             cache: model_lib.KVCache,
             layouts: Sequence[DecodeWeights | None],
             rope_cs: tuple[jax.Array, jax.Array] | None = None,
-            last_logits_only: bool = False
+            last_logits_only: bool = False, carry_mamba: bool = False
             ) -> tuple[jax.Array, model_lib.KVCache, jax.Array | None]:
-  """The model over `cache`: writes the tokens' keys / values, returns the logits.
+  """The model over `cache`: writes the tokens' keys / values (and Mamba states), returns the logits.
 
   Args:
     model: a `Transformer`.
@@ -184,6 +184,12 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
     rope_cs: `rope_tables` of `positions_bt`, if computed already (the
       decode loop computes every step's outside the loop).
     last_logits_only: the logits of the last position alone (a prefill).
+    carry_mamba: one token a row (T = 1) continuing each row's Mamba states
+      whatever the cache's last segment: a row fed padding (segment 0)
+      keeps its states unchanged, a row fed a token continues them (no
+      restart). Multi-turn sampling, where empty slots sit between a row's
+      tokens, uses it; the default restarts the states where the segment
+      changes (packed prefill).
 
   Returns:
     (logits [B, T or 1, V] fp32, the updated cache, experts chosen
@@ -198,7 +204,15 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
   mask = model_lib.attention_mask(positions_bt, segment_ids_bt, cache_pos,
                                   cache_seg)
   valid_n = (segment_ids_bt != 0).reshape(b * t)
-  new_k, new_v, experts = [], [], []
+  reset_bt = None
+  if model_lib.MAMBA in cfg.pattern:
+    if carry_mamba:
+      if t != 1:
+        raise ValueError(f'carry_mamba feeds one token a row, got {t}')
+      reset_bt = jnp.zeros((b, 1), bool)
+    else:
+      reset_bt = model_lib.mamba_resets(segment_ids_bt, cache.last_segment())
+  new_k, new_v, experts, states = [], [], [], []
   for blk in model.blocks:
     h = blk.norm(x)
     if blk.kind == model_lib.ATTENTION:
@@ -215,13 +229,23 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
                               layouts[len(experts)], valid_n)
       h = y_nd.reshape(b, t, -1)
       experts.append(idx_nk.reshape(b, t, -1))
+    elif blk.kind == model_lib.MAMBA:
+      old = cache.mamba[len(states)]
+      h, st = blk.mixer(h, reset_bt=reset_bt, state=old)
+      if carry_mamba:
+        fed = segment_ids_bt[:, 0] != 0
+        st = jax.tree.map(
+            lambda new, prev: jnp.where(
+                fed.reshape((b,) + (1,) * (new.ndim - 1)), new, prev),
+            st, old)
+      states.append(st)
     else:
       h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
     x = model.constrain(x + h)
   logits = model.unembed(x[:, -1:] if last_logits_only else x)
   new_cache = model_lib.KVCache(k=tuple(new_k), v=tuple(new_v),
                                 positions=cache_pos, segment_ids=cache_seg,
-                                index=cache.index + t)
+                                index=cache.index + t, mamba=tuple(states))
   return logits, new_cache, jnp.stack(experts) if experts else None
 
 

@@ -25,6 +25,8 @@ LOGICAL_AXES = (
     'mlp',       # hidden width of dense MLPs and experts
     'exp',       # experts
     'vocab',     # vocabulary
+    'ssm_heads',   # Mamba-2 heads
+    'ssm_groups',  # Mamba-2 B / C groups (H / G heads each)
     'norm',      # norm scales and other small vectors
 )
 
@@ -42,6 +44,10 @@ DEFAULT_RULES: Rules = (
     ('mlp', 'tensor'),
     ('exp', 'expert'),
     ('vocab', 'tensor'),
+    # A shard's heads read their own groups: both split over `tensor`, or
+    # the groups replicated where the axis does not divide them (`spec`).
+    ('ssm_heads', 'tensor'),
+    ('ssm_groups', 'tensor'),
     ('norm', None),
 )
 

@@ -18,9 +18,10 @@ from cascade_jax import model as model_lib
 
 def model_config(preset: str, overrides: Mapping[str, Any] | None = None
                  ) -> model_lib.ModelConfig:
-  """A preset with field overrides; `moe` overrides are a nested mapping."""
+  """A preset with field overrides; `moe` and `mamba` overrides are nested mappings."""
   overrides = dict(overrides or {})
   moe = dict(overrides.pop('moe', {}) or {})
+  mamba = dict(overrides.pop('mamba', {}) or {})
   cfg = model_lib.preset(preset)
   fields = {f.name for f in dataclasses.fields(cfg)}
   unknown = set(overrides) - fields
@@ -28,15 +29,19 @@ def model_config(preset: str, overrides: Mapping[str, Any] | None = None
     raise ValueError(f'model overrides: unknown fields {sorted(unknown)}; '
                      f'known: {sorted(fields)}')
   cfg = cfg.replace(**overrides)
-  if moe:
-    if cfg.moe is None:
-      raise ValueError('model overrides: moe given but the preset has no MoE')
-    mfields = {f.name for f in dataclasses.fields(cfg.moe)}
-    unknown = set(moe) - mfields
+  for name, kw, what in (('moe', moe, 'MoE'), ('mamba', mamba, 'Mamba-2 config')):
+    if not kw:
+      continue
+    sub = getattr(cfg, name)
+    if sub is None:
+      raise ValueError(f'model overrides: {name} given but the preset has no '
+                       f'{what}')
+    sfields = {f.name for f in dataclasses.fields(sub)}
+    unknown = set(kw) - sfields
     if unknown:
-      raise ValueError(f'model overrides: unknown moe fields {sorted(unknown)}'
-                       f'; known: {sorted(mfields)}')
-    cfg = cfg.replace_moe(**moe)
+      raise ValueError(f'model overrides: unknown {name} fields '
+                       f'{sorted(unknown)}; known: {sorted(sfields)}')
+    cfg = cfg.replace(**{name: dataclasses.replace(sub, **kw)})
   return cfg
 
 

@@ -1,0 +1,193 @@
+"""Hugging Face Nemotron-H (Mamba-2 + attention + MoE) import / export against transformers (torch CPU).
+
+transformers runs its reference (pure torch) Mamba-2 path on the CPU, so a
+tiny random `NemotronHForCausalLM` is the oracle: no download.
+"""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+from cascade_jax import checkpoint  # pylint: disable=g-import-not-at-top
+from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
+
+VOCAB = 64
+
+
+def _hf_model(**kw):
+  torch.manual_seed(0)
+  base = dict(
+      vocab_size=VOCAB, hidden_size=32,
+      layers_block_type=['linear_attention', 'moe', 'full_attention', 'mlp',
+                         'linear_attention', 'moe'],
+      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+      intermediate_size=48, mamba_num_heads=4, mamba_head_dim=8,
+      ssm_state_size=8, n_groups=2, conv_kernel=4, chunk_size=8,
+      n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+      moe_shared_expert_intermediate_size=24, routed_scaling_factor=2.5,
+      initializer_range=0.2, eos_token_id=VOCAB + 1, pad_token_id=0)
+  cfg = transformers.NemotronHConfig(**{**base, **kw})
+  m = transformers.NemotronHForCausalLM(cfg).eval()
+  with torch.no_grad():  # random norms, biases and D, so that a wrong mapping shows
+    for name, p in m.named_parameters():
+      if name.endswith(('norm.weight', 'norm_f.weight')):
+        p.uniform_(0.5, 1.5)
+      elif name.endswith(('mixer.D', 'conv1d.bias')):
+        p.uniform_(-1.0, 1.0)
+      elif name.endswith('A_log'):
+        p.uniform_(-1.0, 1.0)
+    for mod in m.modules():
+      if hasattr(mod, 'e_score_correction_bias'):
+        mod.e_score_correction_bias.uniform_(-0.1, 0.1)
+  return m
+
+
+@pytest.fixture(scope='module')
+def hf_dir(tmp_path_factory):
+  m = _hf_model()
+  path = str(tmp_path_factory.mktemp('nemotron_h'))
+  m.save_pretrained(path)
+  return path, m
+
+
+def _tokens(t=21):   # > 2 chunks of 8, not a multiple of 8
+  return np.random.RandomState(0).randint(1, VOCAB, (2, t))
+
+
+def _hf_logits(m, tokens):
+  with torch.no_grad():
+    return m(torch.tensor(tokens)).logits.float().numpy()
+
+
+def _ours(path, **kw):
+  cfg, model = checkpoint.load_hf_nemotron_h(path, **kw)
+  return cfg, model
+
+
+def _logits(model, tokens, **kw):
+  """Our model's logits, jitted (eager op-by-op is slow for the SSD)."""
+  nnx = __import__('flax').nnx
+  graph, state = nnx.split(model)
+  f = jax.jit(lambda s, x: nnx.merge(graph, s)(x, **kw)[0])
+  return np.asarray(f(state, jnp.asarray(tokens)))
+
+
+@pytest.mark.parametrize('dispatch', ['ragged', 'capacity'])
+def test_import_matches_transformers_logits(hf_dir, dispatch):
+  path, m = hf_dir
+  cfg, model = _ours(path, dispatch=dispatch)
+  assert cfg.pattern == 'ME*-ME'
+  tokens = _tokens()
+  ours = _logits(model, tokens, **(
+      {'moe_dispatch': 'dropless'} if dispatch == 'capacity' else {}))
+  np.testing.assert_allclose(ours, _hf_logits(m, tokens),
+                             atol=1e-4, rtol=0)
+
+
+def test_prefill_then_decode_equals_full_forward(hf_dir):
+  from cascade_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  path, _ = hf_dir
+  cfg, model = _ours(path)
+  graph, state = __import__('flax').nnx.split(model)
+  fwd = jax.jit(lambda s, x, c: __import__('flax').nnx.merge(graph, s)(
+      x, cache=c))
+  tokens = jnp.asarray(_tokens(27))
+  full = _logits(model, tokens)
+  cache = model_lib.init_cache(cfg, 2, 32)
+  logits, info = fwd(state, tokens[:, :19], cache)   # chunked prefill
+  steps = [logits]
+  for t in range(19, 27):
+    lg, info = fwd(state, tokens[:, t:t + 1], info['cache'])
+    steps.append(lg)
+  np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, 1)),
+                             full, atol=1e-5, rtol=0)
+
+
+def test_greedy_generation_matches_transformers(hf_dir):
+  path, m = hf_dir
+  cfg, model = _ours(path)
+  prompt = _tokens(19)[:1]
+  with torch.no_grad():
+    want = m.generate(torch.tensor(prompt), max_new_tokens=12,
+                      do_sample=False, eos_token_id=None,
+                      pad_token_id=0).numpy()[0, prompt.shape[1]:]
+  out = rollout.generate(
+      model, [list(prompt[0])],
+      cfg=rollout.SampleConfig(max_new_tokens=12, temperature=0.0,
+                               prompt_bucket=8),
+      stop_id=VOCAB + 1 if VOCAB + 1 < cfg.vocab_size else -1)
+  np.testing.assert_array_equal(np.asarray(out.tokens[0]), want)
+
+
+def test_export_round_trips_through_transformers(hf_dir, tmp_path):
+  path, m = hf_dir
+  cfg, model = _ours(path)
+  out = str(tmp_path / 'export')
+  checkpoint.save_hf_nemotron_h(cfg, model, out)
+  back = transformers.NemotronHForCausalLM.from_pretrained(out).eval()
+  tokens = _tokens()
+  np.testing.assert_allclose(_hf_logits(back, tokens), _hf_logits(m, tokens),
+                             atol=1e-5, rtol=0)
+  cfg2, model2 = _ours(out)
+  assert cfg2 == cfg
+  a = jax.tree.leaves(jax.tree.map(np.asarray, __import__('flax').nnx.state(model)))
+  b = jax.tree.leaves(jax.tree.map(np.asarray, __import__('flax').nnx.state(model2)))
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_legacy_pattern_and_other_shapes(tmp_path):
+  """hybrid_override_pattern, 1 group, conv 3, chunk 5, scale 1.0, no conv bias."""
+  m = _hf_model(layers_block_type=None, hybrid_override_pattern='M*EM-E',
+                n_groups=1, conv_kernel=3, chunk_size=5, mamba_num_heads=6,
+                mamba_head_dim=4, routed_scaling_factor=1.0,
+                use_conv_bias=False, num_experts_per_tok=3)
+  path = str(tmp_path / 'legacy')
+  m.save_pretrained(path)
+  cfg_json = json.load(open(os.path.join(path, 'config.json')))
+  cfg_json.pop('layers_block_type', None)
+  cfg_json['hybrid_override_pattern'] = 'M*EM-E'
+  json.dump(cfg_json, open(os.path.join(path, 'config.json'), 'w'))
+  cfg, model = _ours(path)
+  assert cfg.pattern == 'M*EM-E' and cfg.mamba.num_groups == 1
+  tokens = _tokens(17)
+  np.testing.assert_allclose(_logits(model, tokens), _hf_logits(m, tokens),
+                             atol=1e-4, rtol=0)
+
+
+def test_missing_mamba_tensor_is_named(hf_dir, tmp_path):
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  path, _ = hf_dir
+  bad = tmp_path / 'bad'
+  bad.mkdir()
+  tensors = load_file(os.path.join(path, 'model.safetensors'))
+  del tensors['backbone.layers.4.mixer.A_log']
+  save_file(tensors, str(bad / 'model.safetensors'))
+  (bad / 'config.json').write_text(open(os.path.join(path, 'config.json')).read())
+  with pytest.raises(ValueError, match=r'lacks 1 weights.*layers\.4\.mixer\.A_log'):
+    checkpoint.load_hf_nemotron_h(str(bad))
+
+
+def test_wrong_shape_and_unknown_kind_are_named(hf_dir, tmp_path):
+  path, _ = hf_dir
+  cfg = json.load(open(os.path.join(path, 'config.json')))
+  bad = tmp_path / 'shape'
+  bad.mkdir()
+  os.symlink(os.path.join(path, 'model.safetensors'), bad / 'model.safetensors')
+  (bad / 'config.json').write_text(json.dumps({**cfg, 'ssm_state_size': 16}))
+  with pytest.raises(ValueError, match=r'in_proj\.weight has shape'):
+    checkpoint.load_hf_nemotron_h(str(bad))
+  (bad / 'config.json').write_text(json.dumps(
+      {**cfg, 'layers_block_type': ['linear_attention', 'sliding_attention']}))
+  with pytest.raises(ValueError, match='unknown kinds'):
+    checkpoint.load_hf_nemotron_h(str(bad))
+  (bad / 'config.json').write_text(json.dumps({**cfg, 'mamba_num_heads': 3}))
+  with pytest.raises(ValueError, match='mamba.num_groups'):
+    checkpoint.load_hf_nemotron_h(str(bad))
