@@ -18,8 +18,16 @@ from cascade_jax import train
 def tok():
   texts = [t for d in domains.names()
            for r in domains.generate(d, split='train', n=150, seed=0)
-           for t in (r['messages'][-1]['content'], r['response'])]
+           for t in _texts(r)]
   return data.train_tokenizer(texts, 512)
+
+
+def _texts(record):
+  """What the model reads and writes: the reply, or a multi-turn domain's
+  whole demonstration (tool calls and observations)."""
+  turns = record.get('turns', [])
+  return ([record['messages'][-1]['content']] + [m['content'] for m in turns]
+          + ([record['response']] if 'response' in record else []))
 
 
 SOURCES = {'math': dict(n=200), 'code': dict(n=100, weight=2.0),
@@ -29,7 +37,9 @@ SOURCES = {'math': dict(n=200), 'code': dict(n=100, weight=2.0),
 def test_tokenizer_round_trips_and_keeps_specials_whole(tok):
   for d in domains.names():
     for r in domains.generate(d, split='eval', n=20, seed=1):
-      text = data.render_prompt(r['messages']) + r['response']
+      text = data.render_prompt(r['messages']) + r.get('response', '')
+      if 'turns' in r:
+        text = data.render_prompt(r['messages'] + r['turns'])
       assert tok.decode(tok.encode(text)) == text
   ids = tok.encode('<|im_start|>user\nhi<|im_end|>')
   assert ids[0] == tok.im_start and ids[-1] == tok.im_end

@@ -11,11 +11,15 @@ from cascade_jax.domains import swe
 
 ALL = domains.names()
 FAST = [d for d in ALL if not domains.get(d).needs_sandbox]
+# Multi-turn domains are environments: a single reply is not scored (their
+# demonstrations and flaws are checked in tests/test_envs.py).
+SINGLE_TURN = [d for d in ALL if domains.get(d).env is None]
 
 
 def test_registry_has_one_domain_per_recipe_stage():
   assert set(ALL) == {'instruction_following', 'multi_domain', 'math', 'code',
-                      'long_context', 'swe', 'preference'}
+                      'long_context', 'swe', 'swe_agent', 'tool_use',
+                      'preference'}
   with pytest.raises(ValueError, match="unknown domain 'chess'"):
     domains.get('chess')
 
@@ -29,14 +33,22 @@ def test_generator_is_seeded_sized_and_split_disjoint(name):
   ev = domains.generate(name, split='eval', n=n, seed=3)
   assert a == b and a != c and len(a) == n
   assert len({r['id'] for r in a}) == n
-  train_prompts = {domains.prompt_of(r) for r in a + c}
+  if domains.get(name).env is None:
+    problem = domains.prompt_of
+  else:
+    # An environment's problem is its hidden state as well as its prompt (the
+    # same question about another day's weather, another repository).
+    problem = lambda r: json.dumps(
+        {k: v for k, v in r.items() if k not in ('id', 'turns', 'flawed')},
+        sort_keys=True)
+  train_problems = {problem(r) for r in a + c}
   if name != 'preference':  # pairs, not prompts, are the unit there
-    assert not train_prompts & {domains.prompt_of(r) for r in ev}
+    assert not train_problems & {problem(r) for r in ev}
   for r in a + ev:
     domains.validate(r)  # generated records follow the documented format
 
 
-@pytest.mark.parametrize('name', ALL)
+@pytest.mark.parametrize('name', SINGLE_TURN)
 def test_reference_responses_pass_and_wrong_ones_fail(name):
   n = 30 if name in FAST else 10
   recs = domains.generate(name, split='eval', n=n, seed=1)

@@ -1,7 +1,10 @@
 """Tokenizer, chat template and the Grain SFT pipeline with packing."""
 
+from cascade_jax.data._chat import encode_conversation
 from cascade_jax.data._chat import encode_example
+from cascade_jax.data._chat import encode_observation
 from cascade_jax.data._chat import encode_prompt
+from cascade_jax.data._chat import render_observation
 from cascade_jax.data._chat import render_prompt
 from cascade_jax.data._pipeline import build_dataset
 from cascade_jax.data._pipeline import packing_efficiency

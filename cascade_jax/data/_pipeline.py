@@ -23,6 +23,7 @@ import grain.experimental as grain_exp
 import numpy as np
 
 from cascade_jax import domains
+from cascade_jax.data._chat import encode_conversation
 from cascade_jax.data._chat import encode_example
 from cascade_jax.data._tokenizer import Tokenizer
 
@@ -71,14 +72,17 @@ def tokenize_records(tok: Tokenizer, name: str, records, *, seq_len: int,
   report = SourceReport(name, 0)
   out = []
   for rec in records:
-    resp = rec.get('response')
-    if resp is None or not resp.strip():
+    turns, resp = rec.get('turns'), rec.get('response')
+    if not turns and (resp is None or not resp.strip()):
       if empty == 'error':
         raise ValueError(f"data source {name!r}: record {rec['id']} has no "
                          "response (set data.empty_response='skip' to skip)")
       report.skipped_empty += 1
       continue
-    ex = encode_example(tok, rec['messages'], resp, loss_on=loss_on)
+    # A multi-turn demonstration, or one reply.
+    ex = (encode_conversation(tok, rec['messages'], turns, loss_on=loss_on)
+          if turns else
+          encode_example(tok, rec['messages'], resp, loss_on=loss_on))
     if len(ex['inputs']) > seq_len:
       if too_long == 'error':
         raise ValueError(

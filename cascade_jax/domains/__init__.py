@@ -11,7 +11,10 @@ from cascade_jax.domains import math
 from cascade_jax.domains import multi_domain
 from cascade_jax.domains import preference
 from cascade_jax.domains import swe
+from cascade_jax.domains import swe_agent
+from cascade_jax.domains import tool_use
 from cascade_jax.domains._base import Domain
+from cascade_jax.domains._base import episode_only
 from cascade_jax.domains._base import extract_code
 from cascade_jax.domains._base import get
 from cascade_jax.domains._base import last_boxed
@@ -25,6 +28,7 @@ from cascade_jax.domains._eval import evaluate
 from cascade_jax.domains._eval import format_scores
 from cascade_jax.domains._eval import paired_se
 from cascade_jax.domains._eval import score
+from cascade_jax.domains._eval import summarize
 from cascade_jax.domains._records import load_jsonl
 from cascade_jax.domains._records import LoadReport
 from cascade_jax.domains._records import prompt_of
@@ -39,6 +43,8 @@ _ALL = (
     code.DOMAIN,
     long_context.DOMAIN,
     swe.DOMAIN,
+    swe_agent.DOMAIN,
+    tool_use.DOMAIN,
     preference.DOMAIN,
 )
 for _d in _ALL:

@@ -41,6 +41,22 @@ class Domain:
   required_fields: tuple[str, ...] = ()
   needs_sandbox: bool = False
   description: str = ''
+  # A multi-turn domain: `env(record, sandbox)` makes the environment that
+  # plays one episode (`envs.Environment`); its reward is the verdict, and
+  # `verify` (a single reply) does not apply.
+  env: Callable[..., Any] | None = None
+  # Its episodes' default limits (rollout.EpisodeConfig's fields).
+  episode_limits: dict = dataclasses.field(default_factory=dict)
+
+
+def episode_only(name: str) -> Verifier:
+  """The `verify` of a multi-turn domain: a single reply cannot be scored."""
+  def verify(records, responses, *, sandbox=None):
+    del records, responses, sandbox
+    raise ValueError(f'{name} is a multi-turn domain: its records are scored '
+                     'by running episodes (rollout.run_episodes), not by '
+                     'verifying one reply')
+  return verify
 
 
 _REGISTRY: dict[str, Domain] = {}
@@ -93,7 +109,8 @@ def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
   SFT data is rarely all correct. With `response_quality` < 1, each record's
   reference `response` is, with probability 1 - response_quality, replaced by
   `flaw(rng, record)`: a plausible wrong answer that the verifier rejects
-  (the record is marked `flawed: True`). The problems drawn do not depend on
+  (the record is marked `flawed: True`). For a multi-turn domain `flaw`
+  returns a whole failing demonstration, which replaces the record's `turns`. The problems drawn do not depend on
   it (a separate random stream decides), so the eval split is the same. A
   model fine-tuned on such data produces the right answer only part of the
   time, and RL on the domain has that to fix.
@@ -132,7 +149,9 @@ def sample(make: Callable[[random.Random, int], tuple[str, Record]], *,
     rec = dict(id=f'{domain}-{split}-{len(out):06d}', domain=domain,
                level=level, **rec)
     if response_quality < 1.0 and flaw_rng.random() >= response_quality:
-      rec['response'], rec['flawed'] = flaw(flaw_rng, rec), True
+      bad = flaw(flaw_rng, rec)
+      rec['turns' if isinstance(bad, list) else 'response'] = bad
+      rec['flawed'] = True
     out.append(rec)
   return out
 

@@ -81,7 +81,12 @@ def score(records: Sequence[_base.Record], responses: Sequence[str], *,
 def evaluate(records: Sequence[_base.Record], responses: Sequence[str], *,
              sandbox=None) -> dict[str, DomainScore]:
   """Per-domain mean reward and pass rate of `responses`."""
-  scores = score(records, responses, sandbox=sandbox)
+  return summarize(records, score(records, responses, sandbox=sandbox))
+
+
+def summarize(records: Sequence[_base.Record], scores: Sequence[_base.Score]
+              ) -> dict[str, DomainScore]:
+  """Per-domain mean reward and pass rate of scored records (replies or episodes)."""
   acc = collections.defaultdict(list)
   for r, s in zip(records, scores):
     acc[r['domain']].append((r, s))

@@ -98,7 +98,8 @@ def tokenizer_for(config, workdir: str, vocab_size: int) -> data.Tokenizer:
     for name, spec in sorted(config.data.sources.items()):
       recs, _ = data.source_records(name, spec.to_dict(), seed=config.seed)
       for r in recs[:config.tokenizer.corpus_per_source]:
-        texts += [m['content'] for m in r['messages']] + [r.get('response', '')]
+        texts += [m['content'] for m in r['messages'] + r.get('turns', [])]
+        texts.append(r.get('response', ''))
   tok = data.get_tokenizer(path, texts, vocab_size)
   data.check_vocab(tok, vocab_size)
   return tok
