@@ -62,6 +62,25 @@ class RLConfig:
   # (0: never). Each new width compiles the update once more: worth it for
   # long stages with a generous max_new_tokens, not for 30-step ones.
   trim_bucket: int = 0
+  # Multi-turn domains (an environment per record; `max_new_tokens` is then
+  # a reply's budget): turns, tokens of one observation, tokens of the
+  # whole episode (prompt included; the learner's sequence length). 0: the
+  # largest default of the stage's domains (`Domain.episode_limits`).
+  max_turns: int = 0
+  max_observation_tokens: int = 0
+  max_episode_tokens: int = 0
+
+  def episode_config(self, domain_names: Sequence[str]
+                     ) -> rollout.EpisodeConfig:
+    """Episode limits for a stage over `domain_names` (see max_turns)."""
+    limits = [domains.get(d).episode_limits for d in domain_names]
+    pick = lambda k, v: v or max(int(x.get(k, 1)) for x in limits)
+    return rollout.EpisodeConfig(
+        max_turns=pick('max_turns', self.max_turns),
+        max_new_tokens=self.max_new_tokens,
+        max_observation_tokens=pick('max_observation_tokens',
+                                    self.max_observation_tokens),
+        max_tokens=pick('max_tokens', self.max_episode_tokens))
 
   @property
   def sample_config(self) -> rollout.SampleConfig:
@@ -263,7 +282,8 @@ def refill_size(missing: int, prompts_per_step: int) -> int:
 
 def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
             key: jax.Array, reward_fn: RewardFn = verifier_rewards, *,
-            bounded_rewards: bool = True):
+            bounded_rewards: bool = True,
+            episodes: rollout.EpisodeConfig | None = None):
   """Rollouts for one step, after dynamic filtering and refills.
 
   Prompts are left-padded to `stream.prompt_width` (the stream's longest
@@ -273,14 +293,17 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   current policy (strictly on-policy: no group is kept for a later step).
   `bounded_rewards`: rewards are a verifier's (0 is the worst); False for a
   reward model's scores (see RLConfig.overlong).
+  `episodes`: every record runs as a multi-turn episode
+  (`rollout.run_episodes`; a single-turn domain's is one turn), its reward
+  the environment's, its batch row the whole episode with the loss on the
+  model's tokens only.
 
   Returns (batch dict of numpy arrays, rewards [B], records [B], stats).
   """
   g = cfg.rollouts_per_prompt
-  sc = cfg.sample_config
   kept, stats = [], dict(groups=0, filtered_groups=0, truncated=0.0,
                          sample_s=0.0, score_s=0.0, rewards=[],
-                         sampled_prompts=0)
+                         sampled_prompts=0, turns=[], ends=[])
   for round_ in range(1 + (cfg.max_refill_rounds if cfg.dynamic_filtering
                            else 0)):
     missing = cfg.prompts_per_step - len(kept)
@@ -290,33 +313,19 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
                  refill_size(missing, cfg.prompts_per_step))
     recs = [r for r in stream.take(n_prompts) for _ in range(g)]
     stats['sampled_prompts'] += n_prompts
-    prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
     key, sub = jax.random.split(key)
-    t0 = time.perf_counter()
-    # Exactly the stream's width: rounding a batch's longest prompt up to a
-    # bucket could exceed it, and each such step compiled twice more.
-    ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id,
-                                       width=stream.prompt_width(tok))
-    ro = rollout.generate_padded(policy, ptoks, plens, cfg=sc,
-                                 stop_id=tok.im_end, pad_id=tok.pad_id,
-                                 key=sub, record_experts=cfg.routing_replay)
-    ro = sharding.to_host(ro)
-    stats['sample_s'] += time.perf_counter() - t0
-    t0 = time.perf_counter()
-    texts = [tok.decode([t for t, m in zip(row, mk) if m and t != tok.im_end])
-             for row, mk in zip(ro.tokens, ro.mask)]
-    rewards = np.asarray(reward_fn(recs, texts), np.float32)
-    stats['score_s'] += time.perf_counter() - t0
+    if episodes is None:
+      batch, rewards, trunc = _sample_replies(policy, tok, stream, recs, cfg,
+                                              sub, reward_fn, stats)
+    else:
+      batch, rewards, trunc = _sample_episodes(policy, tok, stream, recs, cfg,
+                                               sub, episodes, stats)
     stats['rewards'].extend(rewards.tolist())
-    trunc = np.asarray(ro.truncated)
     stats['truncated'] += float(trunc.sum())
     if cfg.overlong == 'penalty':
       rewards = overlong_penalty(rewards, trunc, g, bounded=bounded_rewards)
-    batch = training_batch(ptoks, plens, ro)
     if cfg.overlong == 'filter':
       batch['mask'] = batch['mask'] * (~trunc)[:, None]
-    if ro.expert_idx is not None:
-      batch['expert_idx'] = np.asarray(ro.expert_idx)[:, :, :-1]
     for j in range(len(recs) // g):
       sl = slice(j * g, (j + 1) * g)
       stats['groups'] += 1
@@ -337,6 +346,51 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   stats.pop('probe', None)
   stats['kept_groups'] = min(len(kept), cfg.prompts_per_step)
   return _assemble(kept, cfg) + (stats,)
+
+
+def _sample_replies(policy, tok, stream, recs, cfg: RLConfig, key, reward_fn,
+                    stats):
+  """One reply per record, scored: (batch, rewards, truncated)."""
+  prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
+  t0 = time.perf_counter()
+  # Exactly the stream's width: rounding a batch's longest prompt up to a
+  # bucket could exceed it, and each such step compiled twice more.
+  ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id,
+                                     width=stream.prompt_width(tok))
+  ro = rollout.generate_padded(policy, ptoks, plens, cfg=cfg.sample_config,
+                               stop_id=tok.im_end, pad_id=tok.pad_id,
+                               key=key, record_experts=cfg.routing_replay)
+  ro = sharding.to_host(ro)
+  stats['sample_s'] += time.perf_counter() - t0
+  t0 = time.perf_counter()
+  texts = [tok.decode([t for t, m in zip(row, mk) if m and t != tok.im_end])
+           for row, mk in zip(ro.tokens, ro.mask)]
+  rewards = np.asarray(reward_fn(recs, texts), np.float32)
+  stats['score_s'] += time.perf_counter() - t0
+  batch = training_batch(ptoks, plens, ro)
+  if ro.expert_idx is not None:
+    batch['expert_idx'] = np.asarray(ro.expert_idx)[:, :, :-1]
+  return batch, rewards, np.asarray(ro.truncated)
+
+
+def _sample_episodes(policy, tok, stream, recs, cfg: RLConfig, key,
+                     ec: rollout.EpisodeConfig, stats):
+  """One episode per record: (batch, rewards, truncated)."""
+  timing = {}
+  t0 = time.perf_counter()
+  eps = rollout.run_episodes(policy, tok, recs, cfg=ec,
+                             sample=cfg.sample_config, key=key,
+                             record_experts=cfg.routing_replay,
+                             prompt_width=stream.prompt_width(tok),
+                             timing=timing)
+  env_s = timing.get('env_s', 0.0)
+  stats['sample_s'] += time.perf_counter() - t0 - env_s
+  stats['score_s'] += env_s
+  stats['turns'] += [e.turns for e in eps]
+  stats['ends'] += [e.end for e in eps]
+  batch = rollout.episode_batch(eps, ec.max_tokens - 1)
+  rewards = np.asarray([e.reward for e in eps], np.float32)
+  return batch, rewards, np.asarray([e.truncated for e in eps])
 
 
 def _assemble(groups, cfg: RLConfig):

@@ -116,13 +116,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   gen = dict(config.data.to_dict())
   doms = [d.strip() for d in gen.pop('domain').split(',') if d.strip()]
   n_train = gen.pop('n_train')
+  # Generator options for every domain, then `per_domain.<name>`'s on top
+  # (e.g. levels or kinds that only one of them has).
+  per_domain = gen.pop('per_domain', {}) or {}
+  unknown = sorted(set(per_domain) - set(doms))
+  if unknown:
+    raise ValueError(f'rl stage: data.per_domain names {unknown}, which are '
+                     f'not among the stage\'s domains {doms}')
+  opts = {d: {**gen, **per_domain.get(d, {})} for d in doms}
   # Several domains (comma-separated): prompts from each, one shuffled stream.
   stream = PromptStream([r for d in doms for r in domains.generate(
-      d, split='train', n=n_train // len(doms), seed=config.seed, **gen)],
+      d, split='train', n=n_train // len(doms), seed=config.seed, **opts[d])],
                         seed=config.seed)
   # eval_n = 0: no evaluation here (the cascade evaluates every domain).
   evals = {d: domains.generate(d, split='eval', n=config.eval_n,
-                               seed=config.seed, **gen)
+                               seed=config.seed, **opts[d])
            for d in doms} if config.eval_n else {}
   reward_fn = reward_rm = None
   if config.get('reward_model'):
@@ -130,6 +138,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         setup.path(config.reward_model), setup=setup)
     print(f'[rl] rewards from the reward model at {config.reward_model}')
   reward_fn = reward_fn or verifier_rewards
+  # A stage with a multi-turn domain runs every record as an episode.
+  episodes = None
+  if any(domains.get(d).env is not None for d in doms):
+    if reward_rm is not None:
+      raise ValueError(f'rl stage: a reward model scores single replies; the '
+                       f'multi-turn domains of {doms} are scored by their '
+                       'environments')
+    episodes = rc.episode_config(doms)
+    print(f'[rl] multi-turn episodes: {episodes}')
 
   state, extra = setup.resume(state)
   start = 0 if extra is None else setup.ckpt.latest_step()  # RL steps
@@ -157,7 +174,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     batch, rewards, recs, st = collect(policy, tok, stream, rc,
                                        jax.random.fold_in(key0, step),
                                        reward_fn=reward_fn,
-                                       bounded_rewards=reward_rm is None)
+                                       bounded_rewards=reward_rm is None,
+                                       episodes=episodes)
     m = dict(reward_mean=float(np.mean(st['rewards'])),
              reward_std=float(np.std(st['rewards'])),
              pass_rate=float(np.mean(np.asarray(st['rewards']) >= 1.0)),
@@ -167,6 +185,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              sample_s=st['sample_s'], score_s=st['score_s'])
     if reward_rm is not None:
       m['dropped_reward_model'] = reward_rm.last_dropped
+    if st['turns']:
+      m['episode_turns'] = float(np.mean(st['turns']))
+      for end in rollout.ENDS:
+        m[f'episode_end_{end}'] = float(np.mean(np.asarray(st['ends']) == end))
     if batch is not None:
       batch['advantages'] = np.asarray(losses.group_advantages(
           jnp.asarray(rewards), rc.rollouts_per_prompt,

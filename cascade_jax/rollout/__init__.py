@@ -17,7 +17,16 @@ from cascade_jax.rollout._sampler import Rollout
 from cascade_jax.rollout._sampler import SampleConfig
 from cascade_jax.rollout._sampler import trace_count
 from cascade_jax.rollout._sampler import truncates
+from cascade_jax.rollout._episodes import ENDS
+from cascade_jax.rollout._episodes import Episode
+from cascade_jax.rollout._episodes import episode_batch
+from cascade_jax.rollout._episodes import EpisodeConfig
+from cascade_jax.rollout._episodes import make_env
+from cascade_jax.rollout._episodes import run_episodes
+from cascade_jax.rollout._turns import Conversation
+from cascade_jax.rollout._turns import Turn
 from cascade_jax.rollout._evaluate import evaluate_and_log
+from cascade_jax.rollout._evaluate import episode_scores
 from cascade_jax.rollout._evaluate import evaluate_model
 from cascade_jax.rollout._evaluate import max_new_tokens_for
 from cascade_jax.rollout._evaluate import responses_for

@@ -11,6 +11,8 @@ import jax
 from cascade_jax import data
 from cascade_jax import domains
 from cascade_jax import sharding
+from cascade_jax.rollout._episodes import EpisodeConfig
+from cascade_jax.rollout._episodes import run_episodes
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import SampleConfig
 
@@ -73,18 +75,62 @@ def evaluate_model(model, tok: data.Tokenizer,
     pending = {}
     for name in sorted(index, key=lambda d: (not _needs_sandbox(d), d)):
       recs = eval_sets[name]
+      key = jax.random.fold_in(jax.random.key(seed), index[name])
+      if _is_multi_turn(name):   # episodes: scored as they run
+        recs = list(recs) * samples
+        pending[name] = _done(domains.summarize(recs, episode_scores(
+            model, tok, recs, temperature=temperature, batch_size=batch_size,
+            key=key)))
+        continue
       cfg = SampleConfig(max_new_tokens=max_new_tokens_for(tok, recs),
                          temperature=temperature)
       recs = list(recs) * samples
       resp = responses_for(model, tok, recs, cfg=cfg, batch_size=batch_size,
-                           key=jax.random.fold_in(jax.random.key(seed),
-                                                  index[name]))
+                           key=key)
       pending[name] = scoring.submit(domains.evaluate, recs, resp,
                                      sandbox=sandbox)
     scores = {}
     for name in sorted(pending):
       scores.update(pending[name].result())
   return scores
+
+
+def episode_scores(model, tok: data.Tokenizer, records: Sequence[dict], *,
+                   temperature: float = 0.0, batch_size: int = 128,
+                   key: jax.Array | None = None,
+                   episodes: EpisodeConfig | None = None
+                   ) -> list[domains.Score]:
+  """Each record played as an episode (its domain's limits unless
+  `episodes`), scored by its environment; batches padded as in
+  `responses_for`."""
+  key = jax.random.key(0) if key is None else key
+  n_dev = jax.device_count()
+  out = []
+  for i in range(0, len(records), batch_size):
+    chunk = list(records[i:i + batch_size])
+    size = batch_size if len(records) > batch_size else len(chunk)
+    pad = -(-size // n_dev) * n_dev - len(chunk)
+    cfg = episodes or EpisodeConfig(**domains.get(
+        chunk[0]['domain']).episode_limits)
+    key, sub = jax.random.split(key)
+    eps = run_episodes(model, tok, chunk + [chunk[-1]] * pad, cfg=cfg,
+                       sample=SampleConfig(temperature=temperature), key=sub)
+    out += [domains.Score(e.reward, e.passed, dict(end=e.end, turns=e.turns))
+            for e in eps[:len(chunk)]]
+  return out
+
+
+def _done(value) -> concurrent.futures.Future:
+  f = concurrent.futures.Future()
+  f.set_result(value)
+  return f
+
+
+def _is_multi_turn(domain: str) -> bool:
+  try:
+    return domains.get(domain).env is not None
+  except ValueError:
+    return False
 
 
 def _needs_sandbox(domain: str) -> bool:

@@ -1,0 +1,268 @@
+"""Multi-turn episodes: the sampler and environments in turn, and the learner's view of them.
+
+`run_episodes` plays a batch of episodes: the model replies (one
+`Conversation` turn for every live episode), each environment reads its
+reply and answers, the answers are appended to the KV cache, and so on
+until every episode is done. An episode earns the environment's reward when
+the environment ends it; it earns 0 when it runs out of turns
+(`max_turns`), of tokens (`max_tokens`, prompt included: the next
+observation plus a full reply would not fit) or when a reply is cut at
+`max_new_tokens` (no stop token: nothing the environment could act on).
+
+`episode_batch` lays each episode out contiguously (prompt, reply 1,
+observation 1, reply 2, ...) with the loss mask on the model's own tokens
+only, the sampler's log-probs there, and the experts every token was routed
+to, so the learner scores exactly what was sampled (tests/test_episodes.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from cascade_jax import data
+from cascade_jax import domains
+from cascade_jax import envs as envs_lib
+from cascade_jax.rollout._sampler import SampleConfig
+from cascade_jax.rollout._turns import APPEND_BUCKET
+from cascade_jax.rollout._turns import Conversation
+
+ENDS = ('done', 'turns', 'budget', 'cut')
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeConfig:
+  max_turns: int = 4
+  max_new_tokens: int = 48          # one reply's budget
+  max_observation_tokens: int = 96  # an observation beyond this is cut
+  max_tokens: int = 384             # the whole episode, prompt included
+
+  def __post_init__(self):
+    for k in ('max_turns', 'max_new_tokens', 'max_observation_tokens',
+              'max_tokens'):
+      if getattr(self, k) < 1:
+        raise ValueError(f'episodes.{k} must be >= 1, got {getattr(self, k)}')
+
+  def slots(self, prompt_width: int) -> int:
+    """Cache slots for episodes whose prompts are `prompt_width` wide."""
+    block = -(-(self.max_observation_tokens + 1) // APPEND_BUCKET
+              ) * APPEND_BUCKET
+    return (prompt_width + self.max_turns * self.max_new_tokens +
+            (self.max_turns - 1) * block)
+
+
+@dataclasses.dataclass
+class Episode:
+  """One episode: its tokens (contiguous), what the model sampled of them, its outcome."""
+  record: dict
+  tokens: list[int]
+  model: list[int]              # 1 for a token the model sampled
+  logprobs: list[float]         # the sampler's, 0 elsewhere
+  kept: list[int]               # the sampler's kept-set sizes, 0 elsewhere
+  experts: list[np.ndarray]     # per token [L_moe, k] (empty lists: none)
+  reward: float = 0.0
+  passed: bool = False
+  end: str = ''                 # one of ENDS
+  turns: int = 0
+  messages: list[dict] = dataclasses.field(default_factory=list)
+
+  @property
+  def truncated(self) -> bool:
+    return self.end == 'cut'
+
+
+def make_env(record: dict, sandbox=None):
+  """The environment of a record's domain (a single-turn domain: its verifier)."""
+  dom = domains.get(record['domain'])
+  if dom.env is not None:
+    return dom.env(record, sandbox)
+  return envs_lib.SingleTurn(dom.verify, sandbox)
+
+
+_SANDBOX = []
+
+
+def _tool_sandbox():
+  """One sandbox for the environments' tool calls, per process."""
+  if not _SANDBOX:
+    from cascade_jax.sandbox import Sandbox  # pylint: disable=g-import-not-at-top
+    _SANDBOX.append(Sandbox(envs_lib.TOOL_LIMITS))
+  return _SANDBOX[0]
+
+
+def _fit_observation(tok, messages, limit: int) -> list[int]:
+  """The observation's tokens, its messages' contents cut until it fits `limit`."""
+  ids = data.encode_observation(tok, messages)
+  messages = [dict(m) for m in messages]
+  while len(ids) > limit:
+    longest = max(messages, key=lambda m: len(m['content']))
+    text = longest['content']
+    if len(text) <= 8:
+      raise ValueError(f'episodes.max_observation_tokens={limit} is too '
+                       'small for the chat template around an observation')
+    longest['content'] = text[:int(len(text) * 0.75)] + ' [cut]'
+    ids = data.encode_observation(tok, messages)
+  return ids
+
+
+def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
+                 cfg: EpisodeConfig, sample: SampleConfig,
+                 key: jax.Array | None = None, record_experts: bool = False,
+                 sandbox=None, make=make_env, workers: int = 8,
+                 prompt_width: int = 0, timing: dict | None = None
+                 ) -> list[Episode]:
+  """Plays one episode per record (repeat records for G samples each).
+
+  `sample.max_new_tokens` is ignored (`cfg.max_new_tokens` is a reply's
+  budget). `prompt_width`: pad the first messages to at least this many
+  tokens (a run's widest: one shape, one compile). Environments that run
+  anything use `sandbox` (default: one with `envs.TOOL_LIMITS`).
+  `timing`: gets `env_s`, the seconds spent in the environments' steps.
+  """
+  timing = {} if timing is None else timing
+  timing.setdefault('env_s', 0.0)
+  key = jax.random.key(0) if key is None else key
+  sample = dataclasses.replace(sample, max_new_tokens=cfg.max_new_tokens)
+  ctx = getattr(model, 'ctx', None)
+  pad = 0 if ctx is None else -len(records) % ctx.shards('batch')
+  need_sandbox = any(domains.get(r['domain']).needs_sandbox for r in records)
+  if need_sandbox and sandbox is None:
+    sandbox = _tool_sandbox()
+  envs = [make(r, sandbox) for r in records]
+  eps = []
+  for r, env in zip(records, envs):
+    first = env.reset(r)
+    ids = data.encode_prompt(tok, first)
+    if len(ids) + cfg.max_new_tokens > cfg.max_tokens:
+      raise ValueError(
+          f"record {r.get('id')}: its prompt is {len(ids)} tokens; with a "
+          f'reply of {cfg.max_new_tokens} it exceeds episodes.max_tokens='
+          f'{cfg.max_tokens}')
+    eps.append(Episode(r, list(ids), [0] * len(ids), [0.0] * len(ids),
+                       [0] * len(ids), [], messages=list(first)))
+  prompts = [e.tokens for e in eps] + [eps[-1].tokens] * pad
+  width = max(max(map(len, prompts)), prompt_width)
+  conv = Conversation(model, prompts, cfg=sample,
+                      max_slots=cfg.slots(width), stop_id=tok.im_end,
+                      pad_id=tok.pad_id, record_experts=record_experts,
+                      prompt_width=width)
+  conv_experts = conv.first_experts
+  if conv_experts is not None:
+    for i, e in enumerate(eps):
+      n = len(e.tokens)
+      e.experts = list(conv_experts[:, i, conv_experts.shape[2] - n:]
+                       .transpose(1, 0, 2))
+  alive = np.zeros(len(prompts), bool)
+  alive[:len(eps)] = True
+  pool = concurrent.futures.ThreadPoolExecutor(max(1, workers))
+  try:
+    for turn in range(cfg.max_turns):
+      if not alive.any():
+        break
+      key, sub = jax.random.split(key)
+      out = conv.generate(alive, sub)
+      rows = np.flatnonzero(alive[:len(eps)])
+      texts = {}
+      for i in rows:
+        e, n = eps[i], int(out.lengths[i])
+        e.turns += 1
+        e.tokens += out.tokens[i, :n].tolist()
+        e.model += [1] * n
+        e.logprobs += out.logprobs[i, :n].tolist()
+        e.kept += out.kept[i, :n].tolist()
+        if out.experts is not None:
+          # The reply's last token is fed with the next observation (if any).
+          e.experts += list(out.experts[:, i, :n - 1].transpose(1, 0, 2))
+          e.experts.append(np.zeros_like(out.experts[:, i, 0]))
+        reply = [t for t in out.tokens[i, :n] if t != tok.im_end]
+        texts[i] = tok.decode(reply)
+        e.messages.append({'role': 'assistant', 'content': texts[i]})
+      t0 = time.perf_counter()
+      stepped = [i for i in rows if out.stopped[i]]
+      steps = dict(zip(stepped, pool.map(lambda i: envs[i].step(texts[i]),
+                                         stepped)))
+      timing['env_s'] += time.perf_counter() - t0
+      feed = {}
+      for i in rows:
+        e = eps[i]
+        if not out.stopped[i]:
+          e.end = 'cut'
+        elif steps[i].done:
+          e.end, e.reward = 'done', float(steps[i].reward)
+          e.passed = bool(steps[i].info.get('passed', e.reward >= 1.0))
+        else:
+          e.messages += list(steps[i].messages)
+          obs = _fit_observation(tok, steps[i].messages,
+                                 cfg.max_observation_tokens)
+          if turn + 1 == cfg.max_turns:
+            e.end = 'turns'
+          elif len(e.tokens) + len(obs) + cfg.max_new_tokens > cfg.max_tokens:
+            e.end = 'budget'
+          else:
+            feed[i] = [e.tokens[-1]] + obs
+            e.tokens += obs
+            e.model += [0] * len(obs)
+            e.logprobs += [0.0] * len(obs)
+            e.kept += [0] * len(obs)
+        if e.end:
+          alive[i] = False
+      if feed:
+        exps = conv.append(feed)
+        for i, toks in feed.items():
+          e = eps[i]
+          if exps is not None:
+            block = list(exps[:, i, exps.shape[2] - len(toks):]
+                         .transpose(1, 0, 2))
+            # The reply's last token, then the observation.
+            e.experts[-1] = block[0]
+            e.experts += block[1:]
+  finally:
+    pool.shutdown()
+  return eps
+
+
+def episode_batch(episodes: Sequence[Episode], width: int
+                  ) -> dict[str, np.ndarray]:
+  """The learner's batch: each episode contiguous, right-padded to `width` inputs.
+
+  inputs / targets / positions / segment_ids / mask / sampler_logp / kept
+  [B, width]; expert_idx [L_moe, B, width, k] when the episodes recorded
+  experts. `mask` is 1 exactly where the target is a token the model
+  sampled (the environment's tokens carry no loss and no advantage).
+  """
+  b = len(episodes)
+  out = dict(inputs=np.zeros((b, width), np.int32),
+             targets=np.zeros((b, width), np.int32),
+             positions=np.zeros((b, width), np.int32),
+             segment_ids=np.zeros((b, width), np.int32),
+             mask=np.zeros((b, width), np.int32),
+             sampler_logp=np.zeros((b, width), np.float32),
+             kept=np.ones((b, width), np.int32))
+  with_experts = all(e.experts for e in episodes)
+  if with_experts:
+    l, k = episodes[0].experts[0].shape
+    out['expert_idx'] = np.zeros((l, b, width, k), np.int32)
+  for i, e in enumerate(episodes):
+    n = len(e.tokens) - 1
+    if n > width:
+      raise ValueError(f'episode of {n + 1} tokens does not fit a batch of '
+                       f'width {width} (+1)')
+    t = np.asarray(e.tokens, np.int32)
+    out['inputs'][i, :n] = t[:-1]
+    out['targets'][i, :n] = t[1:]
+    out['positions'][i, :n] = np.arange(n)
+    out['segment_ids'][i, :n] = 1
+    out['mask'][i, :n] = np.asarray(e.model[1:], np.int32)
+    out['sampler_logp'][i, :n] = np.asarray(e.logprobs[1:], np.float32)
+    kept = np.asarray(e.kept[1:], np.int32)
+    out['kept'][i, :n] = np.where(kept > 0, kept, 1)
+    if with_experts:
+      out['expert_idx'][:, i, :n] = np.stack(e.experts[:-1], axis=1)
+  vocab_max = out['kept'].max(initial=1)
+  out['kept'] = np.where(out['mask'] > 0, out['kept'], vocab_max)
+  return out

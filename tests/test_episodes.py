@@ -1,0 +1,169 @@
+"""Multi-turn rollouts: one KV cache across turns, masks on the model's tokens, learner == sampler."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade_jax import data
+from cascade_jax import domains
+from cascade_jax import losses
+from cascade_jax import model
+from cascade_jax import rl
+from cascade_jax import rollout
+from cascade_jax import train
+
+
+@pytest.fixture(scope='module')
+def setup():
+  recs = (domains.generate('swe_agent', split='train', n=4, seed=0,
+                           levels=(2, 3)) +
+          domains.generate('tool_use', split='train', n=4, seed=0))
+  tok = data.train_tokenizer(
+      [m['content'] for r in recs for m in r['messages'] + r['turns']] * 10,
+      400)
+  return tok, recs
+
+
+def stopping_policy(tok, push=0.45, seed=0, cfg=None):
+  """The main job's model (`small`: capacity dispatch, sigmoid router,
+  shared expert) made to end a reply after a few tokens (a random model
+  rarely samples <|im_end|>): every token's embedding gets a large shared
+  component, which the output head reads for <|im_end|> alone."""
+  cfg = cfg or model.small(vocab_size=tok.vocab_size)
+  m = model.Transformer(cfg, rngs=nnx.Rngs(seed))
+  m.embed_vd.value = m.embed_vd.value.at[:, 0].set(30.0)
+  m.head_dv.value = m.head_dv.value.at[0, :].set(0.0).at[
+      0, tok.im_end].set(push)
+  return m
+
+
+EC = rollout.EpisodeConfig(max_turns=4, max_new_tokens=24,
+                           max_observation_tokens=48, max_tokens=320)
+
+
+@pytest.fixture(scope='module')
+def episodes(setup):
+  tok, recs = setup
+  m = stopping_policy(tok)
+  eps = rollout.run_episodes(m, tok, recs * 2, cfg=EC,
+                             sample=rollout.SampleConfig(temperature=1.0),
+                             key=jax.random.key(3), record_experts=True)
+  return m, eps
+
+
+def test_episodes_run_several_turns_and_end_for_a_reason(setup, episodes):
+  tok, _ = setup
+  _, eps = episodes
+  assert max(e.turns for e in eps) >= 3
+  assert {e.end for e in eps} <= set(rollout.ENDS) and all(e.end for e in eps)
+  for e in eps:
+    assert len(e.tokens) <= EC.max_tokens
+    assert e.turns <= EC.max_turns
+    if e.end == 'turns':
+      assert e.turns == EC.max_turns and e.reward == 0.0
+    if e.end == 'cut':
+      assert e.tokens[-1] != tok.im_end and e.reward == 0.0
+  # The transcript alternates: first messages, then reply / observation.
+  e = max(eps, key=lambda e: e.turns)
+  roles = [m['role'] for m in e.messages]
+  assert roles[0] == 'user' and roles[1] == 'assistant' and 'tool' in roles
+
+
+def test_the_mask_covers_exactly_the_models_tokens(setup, episodes):
+  tok, _ = setup
+  _, eps = episodes
+  batch = rollout.episode_batch(eps, EC.max_tokens - 1)
+  for i, e in enumerate(eps):
+    n = len(e.tokens) - 1
+    assert batch['mask'][i].sum() == sum(e.model)
+    assert not batch['mask'][i, n:].any() and not batch['segment_ids'][i, n:].any()
+    # Between replies: the observation, as the chat template encodes it.
+    toks, model_ = np.asarray(e.tokens), np.asarray(e.model)
+    starts = np.flatnonzero(np.diff(model_) == -1) + 1   # reply -> observation
+    obs_msgs = [m for m in e.messages[1:] if m['role'] != 'assistant']
+    for s in starts:
+      end = s + np.argmax(model_[s:] == 1) if model_[s:].any() else len(toks)
+      obs = toks[s:end].tolist()
+      assert obs[0] == tok.encode('\n')[0] and obs[-3:] == tok.encode(
+          '<|im_start|>assistant\n')[-3:]
+    assert len(starts) <= len(obs_msgs)
+    # Each reply ends with <|im_end|> unless it was cut.
+    replies_end = np.flatnonzero(np.diff(np.append(model_, 0)) == -1)
+    for j, r in enumerate(replies_end):
+      if j < len(replies_end) - 1 or e.end != 'cut':
+        assert toks[r] == tok.im_end
+
+
+def test_learner_logprobs_equal_the_samplers_over_whole_episodes(setup,
+                                                                 episodes):
+  # The main job's model and RL update, over episodes of up to 4 turns
+  # whose observations were appended to the sampler's KV cache: the
+  # learner's forward over the contiguous episode, with the routing
+  # replayed, scores every model token as the sampler did.
+  tok, _ = setup
+  m, eps = episodes
+  assert sum(e.turns >= 2 for e in eps) >= 4
+  met = _mismatch(m, eps)
+  assert met['sampler_mismatch_max'] <= 1e-5, met
+  assert met['dropped_learner'] == 0.0
+
+
+def test_collect_runs_a_stage_of_episodes_with_groups(setup):
+  tok, recs = setup
+  m = stopping_policy(tok, seed=1)
+  c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=2,
+                  max_new_tokens=EC.max_new_tokens, dynamic_filtering=False)
+  ec = c.episode_config(['swe_agent', 'tool_use'])
+  assert (ec.max_turns, ec.max_tokens) == (5, 448)   # the domains' defaults
+  ec = dataclasses.replace(ec, max_turns=3, max_tokens=320)
+  batch, rewards, got, stats = rl.collect(m, tok, rl.PromptStream(recs), c,
+                                          jax.random.key(0), episodes=ec)
+  assert batch['mask'].shape == (8, 319) and rewards.shape == (8,)
+  assert len(stats['turns']) == 8 and set(stats['ends']) <= set(rollout.ENDS)
+  assert [r['id'] for r in got][::2] == [r['id'] for r in got][1::2]
+
+
+def test_a_budget_that_cannot_hold_a_reply_is_refused(setup):
+  tok, recs = setup
+  m = stopping_policy(tok)
+  with pytest.raises(ValueError, match='exceeds episodes.max_tokens'):
+    rollout.run_episodes(m, tok, recs[:1], sample=rollout.SampleConfig(),
+                         cfg=rollout.EpisodeConfig(max_tokens=64))
+  with pytest.raises(ValueError, match='max_turns must be >= 1'):
+    rollout.EpisodeConfig(max_turns=0)
+
+
+def _mismatch(m, eps):
+  opt = train.make_optimizer(train.OptimConfig(
+      lr=1e-3, warmup_steps=1, schedule='constant', weight_decay=0.0))
+  graph, state = train.init_state(m, opt)
+  c = rl.RLConfig(prompts_per_step=len(eps) // 2, rollouts_per_prompt=2,
+                  max_new_tokens=EC.max_new_tokens)
+  batch = rollout.episode_batch(eps, EC.max_tokens - 1)
+  rewards = np.arange(len(eps)) % 2
+  batch['advantages'] = np.asarray(losses.group_advantages(
+      jnp.asarray(rewards, jnp.float32), 2))
+  _, met = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
+  return met
+
+
+def test_hybrid_models_step_their_mamba_states_over_the_empty_slots(setup):
+  # The hybrid main job's model ('ME*E': Mamba-2, MoE, attention, MoE):
+  # its Mamba states skip the slots that other rows' longer replies and
+  # observations leave empty, so the learner's forward over the contiguous
+  # episode (chunked SSD) scores every model token as the sampler did.
+  tok, recs = setup
+  m = stopping_policy(tok, push=0.6, seed=3, cfg=model.small_hybrid(
+      vocab_size=tok.vocab_size, pattern='ME*E'))
+  eps = rollout.run_episodes(m, tok, recs * 2, cfg=EC,
+                             sample=rollout.SampleConfig(temperature=1.0),
+                             key=jax.random.key(5), record_experts=True)
+  assert sum(e.turns >= 2 for e in eps) >= 4
+  assert len({len(e.tokens) for e in eps}) >= 4      # rows of many lengths
+  met = _mismatch(m, eps)
+  assert met['sampler_mismatch_max'] <= 1e-5, met
+  assert met['dropped_learner'] == 0.0
