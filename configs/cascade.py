@@ -26,7 +26,7 @@ from configs import rl as rl_config
 from configs import sft as sft_config
 
 DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
-                 'long_context_rl,code_rl,swe_rl')
+                 'long_context_rl,code_rl,swe_rl,swe_agent_rl')
 
 # The paper's RLHF KL coefficient is 0.03. At this scale the policy found
 # what the reward model over-rewards within 30 steps at 0.03: its score
@@ -46,15 +46,16 @@ RLHF_KL = 0.1
 # - RLHF (both): penalty, which for a reward model's scores means the lowest
 #   score of the response's group (0 means nothing on an RM's scale): an
 #   unfinished reply is never preferred to a finished one.
-# - SWE: penalty: a cut patch does not apply, so it fails anyway; the
-#   penalty only says so without running it.
+# - SWE (both halves): penalty: a cut patch does not apply, and a cut tool
+#   call does not run, so either fails anyway; the penalty only says so.
+#   Multi-domain's tool-use episodes follow the stage (filter).
 # - MOPD: none: its signal is the teacher's per-token log-prob, which is as
 #   valid on the first 48 tokens of a cut response as on a finished one (no
 #   outcome reward unless mopd_reward_weight > 0).
 OVERLONG = {'rlhf_branch': 'penalty', 'if_rl': 'penalty',
             'multi_domain_rl': 'filter', 'rlhf': 'penalty',
             'long_context_rl': 'filter', 'code_rl': 'filter',
-            'swe_rl': 'penalty', 'mopd': 'none'}
+            'swe_rl': 'penalty', 'swe_agent_rl': 'penalty', 'mopd': 'none'}
 # RL stage -> (domain(s), levels, generator options, steps, lr, extra rl).
 # max_new_tokens is 48 unless a stage's answers are short (the learner's
 # sequences are prompt + budget long).
@@ -67,8 +68,14 @@ RL_STAGES = {
     # steps from one SFT checkpoint, 256 prompts x 2 samples).
     'if_rl': ('instruction_following', (1, 2), {}, 30, 2e-4,
               dict(max_new_tokens=32, prompts_per_step=16)),
-    'multi_domain_rl': ('multi_domain', (1, 2),
-                        {'kinds': sft_config.MULTI_DOMAIN_KINDS}, 30, 2e-4, {}),
+    # Multi-domain: the single-reply kinds and executed tool calls
+    # (multi-turn episodes: call, read the result, answer), half each.
+    'multi_domain_rl': ('multi_domain,tool_use', (1, 2),
+                        {'per_domain': {
+                            'multi_domain': {
+                                'kinds': sft_config.MULTI_DOMAIN_KINDS},
+                            'tool_use': {'levels': (1, 2, 3)}}},
+                        30, 2e-4, dict(prompts_per_step=16, trim_bucket=32)),
     'rlhf': ('preference', (1, 2, 3), {}, 30, 2e-4,
              dict(kl_coef=RLHF_KL, dynamic_filtering=False, max_new_tokens=32)),
     'long_context_rl': ('long_context', (1,),
@@ -80,6 +87,14 @@ RL_STAGES = {
                 dict(top_p=0.95, rollouts_per_prompt=4, max_refill_rounds=1)),
     'swe_rl': ('swe', (1, 2, 3), {'split_by': 'prompt'}, 10, 2e-4,
                dict(rollouts_per_prompt=4, max_refill_rounds=1)),
+    # SWE's agentic half, after the agentless one (the recipe's order):
+    # episodes of tool calls on a small repository, up to 5 turns of 72
+    # tokens; the hidden tests run in the sandbox after `submit`.
+    # Episode stages trim the learner's batch to the longest episode (in
+    # buckets of 32 tokens) instead of the whole episode budget.
+    'swe_agent_rl': ('swe_agent', (1, 2), {'split_by': 'prompt'}, 10, 2e-4,
+                     dict(max_new_tokens=72, max_refill_rounds=1,
+                          trim_bucket=32)),
 }
 MOPD_TEACHERS = {'math': 'sft', 'instruction_following': 'if_rl',
                  'multi_domain': 'multi_domain_rl',
@@ -133,6 +148,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.order = DEFAULT_ORDER
+  # The model every SFT stage trains, by name (later stages start from it):
+  # '' keeps the SFT config's (`small`, attention + MoE); 'hybrid' is the
+  # Nemotron-H-style Mamba-2 + attention + MoE model of the same width.
+  c.model = ''
+  c.models = ml_collections.ConfigDict(dict(
+      hybrid=dict(preset='small_hybrid', overrides=dict(pattern='ME*E'))))
   # Forces cascade_jax.ops implementations, e.g. 'attention=xla,argmax=xla'
   # (empty: each op picks by backend and dtype; CASCADE_JAX_OPS likewise).
   c.ops = ''

@@ -51,6 +51,14 @@ SOURCES = {
                                    'kinds': LONG_CONTEXT_KINDS}),
     'swe': (1.0, (1, 2, 3), {'split_by': 'prompt', 'response_quality': 0.5}),
     'preference': (0.5, (1, 2, 3), {'response_quality': 0.3}),
+    # Multi-turn: demonstrations are whole episodes (tool calls, the
+    # environment's answers, the final answer); half of them fail as a weak
+    # teacher's would (a guess instead of the tool call, or a conversion
+    # skipped; a submit without the fix). Weight 0.75: the other domains
+    # keep most of their share of the 400 steps.
+    'tool_use': (0.75, (1, 2, 3), {'response_quality': 0.5}),
+    'swe_agent': (0.75, (1, 2), {'split_by': 'prompt',
+                                'response_quality': 0.5}),
 }
 
 
@@ -65,7 +73,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.update(train.placement_defaults())
   c.tokenizer = ml_collections.ConfigDict(dict(path='', corpus_per_source=2000))
   c.data = ml_collections.ConfigDict(dict(
-      seq_len=256, batch_size=16, loss_on='assistant', too_long='error',
+      # 320: swe_agent's level-2 episodes run up to 283 tokens.
+      seq_len=320, batch_size=16, loss_on='assistant', too_long='error',
       empty_response='error',
       sources=ml_collections.ConfigDict({
           name: dict(weight=w, n=4000, levels=levels, options=options)
@@ -89,7 +98,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # dispatch: the small preset's, here to be overridden by a flag
         # (--config.model.overrides.moe.dispatch=dropless).
         moe=dict(expert_dim=64, shared_expert_dim=64, dispatch='capacity')))
-    c.data.seq_len = 256
+    c.data.seq_len = 320
     c.data.batch_size = 8
     for s in c.data.sources.values():
       s.n = 300

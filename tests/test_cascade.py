@@ -21,7 +21,7 @@ def test_default_order_follows_the_paper():
   stages = cascade.plan(cascade_config.get_config())
   assert [s.name for s in stages if not s.branch] == [
       'sft', 'if_rl', 'multi_domain_rl', 'mopd', 'rlhf', 'long_context_rl',
-      'code_rl', 'swe_rl']
+      'code_rl', 'swe_rl', 'swe_agent_rl']
   by = {s.name: s for s in stages}
   assert by['rlhf_branch'].init_from == 'sft' and by['rlhf_branch'].branch
   assert by['if_rl'].init_from == 'sft'        # not the branch before it
@@ -52,6 +52,15 @@ def test_bad_cascades_are_refused_before_running(change, match):
   for k, v in change.items():
     c[k] = v
   with pytest.raises((ValueError, KeyError), match=match):
+    cascade.plan(c)
+
+
+def test_per_domain_options_must_name_a_domain_of_the_stage():
+  c = cascade_config.get_config()
+  assert set(c.stages.multi_domain_rl.data.per_domain) == {'multi_domain',
+                                                           'tool_use'}
+  c.stages.multi_domain_rl.data.domain = 'multi_domain'
+  with pytest.raises(ValueError, match=r"multi_domain_rl.*\['tool_use'\]"):
     cascade.plan(c)
 
 
@@ -145,6 +154,32 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
     line = next(l for l in out['table'].splitlines()
                 if l.split()[0] == name)
     assert line.split()[-1] == f"{check['sampler_mismatch_max']:.1e}"
+
+
+@pytest.mark.slow
+def test_quick_cascade_on_the_hybrid_model(tmp_path):
+  # --config.model=hybrid: SFT trains the Mamba-2 + attention + MoE model;
+  # every later stage starts from it, samples it with Mamba states in the
+  # cache and stays on-policy.
+  c = _laptop(cascade_config.get_config('quick'))
+  c.model = 'hybrid'
+  c.order = 'sft,if_rl,multi_domain_rl,mopd'
+  c.stages.mopd.teachers = dict(math='sft', instruction_following='if_rl',
+                                multi_domain='multi_domain_rl', preference='')
+  c.stages.mopd.data.domain = 'math,instruction_following,multi_domain'
+  records = cascade.run(c, str(tmp_path))
+  spec = json.load(open(tmp_path / 'sft' / 'model.json'))
+  assert spec['preset'] == 'small_hybrid' and 'M' in spec['overrides']['pattern']
+  for name in ('if_rl', 'multi_domain_rl', 'mopd'):
+    rows = [json.loads(l) for l in open(tmp_path / name / 'rl_metrics.jsonl')]
+    for r in rows:
+      if 'sampler_mismatch_max' in r:
+        assert r['sampler_mismatch_max'] <= 1e-5, (name, r)
+        assert r.get('dropped_learner', 0.0) == 0.0
+  assert len(records) == 4
+  c.model = 'mamba3'
+  with pytest.raises(ValueError, match="model 'mamba3' is not one of"):
+    cascade.plan(c)
 
 
 def test_a_killed_stage_resumes(tmp_path, monkeypatch):

@@ -38,6 +38,20 @@ class Stage:
   config: ml_collections.ConfigDict   # the runner's config, names unresolved
 
 
+def _model_choice(config) -> dict | None:
+  """The cascade-level `model` (a key of `models`): what every SFT stage
+  trains (its preset, and overrides over the stage's own); None: as the
+  stages say. Later stages start from their `init_from`'s model."""
+  name = config.get('model') or ''
+  if not name:
+    return None
+  models = (config.get('models') or ml_collections.ConfigDict()).to_dict()
+  if name not in models:
+    raise ValueError(f'cascade: model {name!r} is not one of config.models '
+                     f'{sorted(models)}')
+  return models[name]
+
+
 def plan(config: ml_collections.ConfigDict) -> list[Stage]:
   """Checks the cascade and resolves every stage's starting point."""
   names = [n.strip() for n in config.order.split(',') if n.strip()]
@@ -50,6 +64,7 @@ def plan(config: ml_collections.ConfigDict) -> list[Stage]:
     raise KeyError(f'cascade: order names stages {unknown} that '
                    f'config.stages does not define (defined: '
                    f'{sorted(config.stages)})')
+  model = _model_choice(config)
   stages, main_line = [], ''
   for i, name in enumerate(names):
     spec = config.stages[name].to_dict()
@@ -79,12 +94,23 @@ def plan(config: ml_collections.ConfigDict) -> list[Stage]:
     if rm and (rm not in earlier or config.stages[rm].kind != 'reward_model'):
       raise ValueError(f'cascade stage {name!r}: reward_model {rm!r} is not an '
                        'earlier reward_model stage')
+    if kind in ('grpo', 'mopd'):
+      data_spec = spec.get('data') or {}
+      doms = [d.strip() for d in str(data_spec.get('domain', '')).split(',')
+              if d.strip()]
+      extra = sorted(set(data_spec.get('per_domain') or {}) - set(doms))
+      if extra:
+        raise ValueError(f'cascade stage {name!r}: data.per_domain names '
+                         f'{extra}, not among its domains {doms}')
     branch = bool(spec.get('branch', False)) or kind == 'reward_model'
     if kind in ('grpo', 'mopd') and spec['rl']['algorithm'] != kind:
       raise ValueError(f'cascade stage {name!r}: kind {kind!r} but '
                        f"rl.algorithm {spec['rl']['algorithm']!r}")
     cfg = ml_collections.ConfigDict(
         {k: v for k, v in spec.items() if k not in _META})
+    if kind == 'sft' and model is not None:
+      cfg.model.preset = model['preset']
+      cfg.model.overrides.update(model.get('overrides') or {})
     stages.append(Stage(name, kind, init, branch, teachers, rm, cfg))
     if not branch:
       main_line = name
