@@ -206,6 +206,28 @@ def test_tool_use_errors_are_observations():
   assert 'must be: number' in obs[2] and 'km->mi' in obs[3]
 
 
+@pytest.mark.parametrize('reply, says', [
+    (call('multiply', a=1e308, b=10.0), 'multiply failed: OverflowError'),
+    (call('convert', amount=1e308, unit_from='c', unit_to='f'),
+     'convert failed'),
+    ('<tool_call>{"name": "add", "arguments": {"a": NaN, "b": 1}}</tool_call>',
+     'non-finite number (NaN)'),
+    ('<tool_call>{"name": "add", "arguments": {"a": -Infinity, "b": 1}}'
+     '</tool_call>', 'non-finite number (-Infinity)'),
+    ('<tool_call>' + '[' * 2000 + ']' * 2000 + '</tool_call>',
+     'nested too deeply'),
+    (call('get_weather', city='x' * 3000), 'more characters cut'),
+])
+def test_arguments_that_break_a_tool_are_its_error_observation(reply, says):
+  rec = domains.generate('tool_use', split='eval', n=1, seed=0)[0]
+  env = tool_use.make_env(rec)
+  env.reset(rec)
+  step = env.step(reply)
+  (obs,) = [m['content'] for m in step.messages]
+  assert not step.done and obs.startswith('error: ') and says in obs, obs
+  assert len(obs) <= envs.MAX_OUTPUT_CHARS + 64
+
+
 def test_multi_turn_domains_refuse_single_reply_scoring():
   rec = domains.generate('tool_use', split='eval', n=1, seed=0)[0]
   with pytest.raises(ValueError, match='multi-turn domain'):

@@ -46,7 +46,11 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     if len(body) > MAX_CALL_CHARS:
       raise ToolCallError(f'tool call longer than {MAX_CALL_CHARS} characters')
     try:
-      obj = json.loads(body)
+      obj = json.loads(body, parse_constant=_non_finite)
+    except ToolCallError:
+      raise
+    except RecursionError:
+      raise ToolCallError('tool call nested too deeply') from None
     except ValueError as e:
       raise ToolCallError(f'tool call is not valid JSON ({e.msg} at '
                           f'character {e.pos})') from None
@@ -62,6 +66,11 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
       raise ToolCallError(f'unknown keys in the tool call: {extra}')
     calls.append(ToolCall(obj['name'], args))
   return calls
+
+
+def _non_finite(name: str):
+  raise ToolCallError(f'tool call has a non-finite number ({name}); JSON '
+                      'numbers are finite')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,13 +138,20 @@ class Toolbox:
     return tool
 
   def run(self, call: ToolCall) -> str:
-    """The tool's output, or `error: ...` for a bad call (never raises)."""
+    """The tool's output, or `error: ...` for a bad call (never raises).
+
+    Arguments that pass the types can still break a tool (an overflow, a
+    result too long to print): that is the model's error too, reported.
+    """
     try:
       tool = self.check(call)
-      out = tool.fn(**{p: call.arguments[p] for p, _ in tool.params})
+      out = str(tool.fn(**{p: call.arguments[p] for p, _ in tool.params}))
     except ToolCallError as e:
-      return f'error: {e}'
-    return cap(str(out), self.max_output_chars)
+      return cap(f'error: {e}', self.max_output_chars)
+    except Exception as e:  # noqa: BLE001 - the model's arguments broke it
+      return cap(f'error: {call.name} failed: {type(e).__name__}: {e}',
+                 self.max_output_chars)
+    return cap(out, self.max_output_chars)
 
 
 def cap(text: str, limit: int) -> str:
