@@ -76,7 +76,12 @@ RL_STAGES = {
                                 'kinds': sft_config.MULTI_DOMAIN_KINDS},
                             'tool_use': {'levels': (1, 2, 3)}}},
                         30, 2e-4, dict(prompts_per_step=16, trim_bucket=32)),
-    'rlhf': ('preference', (1, 2, 3), {}, 30, 2e-4,
+    # RLHF from MOPD: 15 steps. The reward model is over-optimised past
+    # that: from one MOPD checkpoint (2026-12-01, rerun_stage, 256 prompts x
+    # 2), preference +0.100 at 15 steps, +0.039 at 20, -0.227 at 30 (the
+    # RM's score still rising, KL 0.66); at 30 steps, KL 0.3 gave -0.061
+    # and lr 1e-4 +0.033 (docs/results/agentic_2026-12-01/rlhf_steps/).
+    'rlhf': ('preference', (1, 2, 3), {}, 15, 2e-4,
              dict(kl_coef=RLHF_KL, dynamic_filtering=False, max_new_tokens=32)),
     'long_context_rl': ('long_context', (1,),
                         {'kinds': sft_config.LONG_CONTEXT_KINDS}, 30, 2e-4,
@@ -164,6 +169,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Eval prompts per domain after each stage: at 128 two paired standard
   # errors of a stage's change were ~0.05-0.07, at 256 ~0.035-0.04.
   c.eval_n = 8 if quick else 256
+  # Multi-turn domains (swe_agent, tool_use): 128 prompts. Their episodes
+  # cost most of an evaluation (swe_agent's 512 took 27-37 s of a stage's
+  # ~33-44 s, measured on 2026-12-01); their RL changes are large
+  # (+0.27-0.36) against two paired standard errors of ~0.06-0.08 at 128.
+  c.eval_n_episodes = 8 if quick else 128
   # The policy as RL trains it: pass@1 at the sampling temperature, the mean
   # over 2 samples per prompt (greedy decoding hides most of what RL does at
   # this size: it moves probability mass before it flips the argmax).

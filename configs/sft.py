@@ -54,9 +54,15 @@ SOURCES = {
     # Multi-turn: demonstrations are whole episodes (tool calls, the
     # environment's answers, the final answer); half of them fail as a weak
     # teacher's would (a guess instead of the tool call, or a conversion
-    # skipped; a submit without the fix). Weight 0.75: the other domains
-    # keep most of their share of the 400 steps.
-    'tool_use': (0.75, (1, 2, 3), {'response_quality': 0.5}),
+    # skipped; a submit without the fix). Tool use weighs 3: at 0.75 the
+    # model called the right tool but copied neither the prompt's arguments
+    # nor the tool's result (SFT 0.010, multi-domain RL +0.006, within
+    # noise); at 3.0 it copies (SFT 0.297, RL +0.361; 2026-12-01, see
+    # docs/results/agentic_2026-12-01/). The SFT scores of the others
+    # moved by up to 0.1 (preference 0.508 -> 0.348 as its share of the
+    # mix fell from 5.1% to 4.2%; RLHF lifts it back). Copying from an
+    # observation is a lookup: it takes data.
+    'tool_use': (3.0, (1, 2, 3), {'response_quality': 0.5}),
     'swe_agent': (0.75, (1, 2), {'split_by': 'prompt',
                                 'response_quality': 0.5}),
 }

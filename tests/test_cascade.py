@@ -64,6 +64,19 @@ def test_per_domain_options_must_name_a_domain_of_the_stage():
     cascade.plan(c)
 
 
+def test_multi_turn_domains_are_evaluated_on_their_first_prompts():
+  c = cascade_config.get_config()
+  c.eval_n, c.eval_n_episodes = 12, 5
+  sets = cascade.eval_sets(c)
+  full = cascade.eval_sets(cascade_config.get_config())
+  for d, recs in sets.items():
+    multi_turn = domains.get(d).env is not None
+    assert len(recs) == (5 if multi_turn else 12), d
+    if multi_turn:    # the first prompts of the full set: the same problems
+      assert recs == full[d][:5]
+  assert {'swe_agent', 'tool_use'} <= set(sets)
+
+
 def test_bad_kind_is_named():
   c = cascade_config.get_config()
   c.stages.if_rl.kind = 'ppo'

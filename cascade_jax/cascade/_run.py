@@ -60,11 +60,17 @@ def runner_config(stage: Stage, workdir: str, seed: int,
 
 
 def eval_sets(config: ml_collections.ConfigDict) -> dict[str, list[dict]]:
-  """The fixed eval split of every SFT domain: one per matrix column."""
+  """The fixed eval split of every SFT domain: one per matrix column.
+
+  `eval_n` prompts a domain; a multi-turn domain's first `eval_n_episodes`
+  of them (0: `eval_n`), its episodes being the evaluation's costliest.
+  """
   first_sft = next(s for s in plan(config) if s.kind == 'sft')
   c = ml_collections.ConfigDict(first_sft.config.to_dict())
   c.eval_n, c.seed = config.eval_n, config.seed
-  return sft.eval_sets(c)
+  n_episodes = config.get('eval_n_episodes', 0) or config.eval_n
+  return {d: recs[:n_episodes] if domains.get(d).env is not None else recs
+          for d, recs in sft.eval_sets(c).items()}
 
 
 def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
