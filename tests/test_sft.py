@@ -38,7 +38,8 @@ def _quick(**kw):
 def test_quick_sft_runs_end_to_end(tmp_path):
   scores = sft.run(_quick(), str(tmp_path))
   assert set(scores) == {'instruction_following', 'multi_domain', 'math',
-                         'code', 'long_context', 'swe', 'preference'}
+                         'code', 'long_context', 'swe', 'preference',
+                         'swe_agent', 'tool_use'}
   rows = [json.loads(l) for l in open(tmp_path / 'sft_metrics.jsonl')]
   losses = [r['loss'] for r in rows if 'loss' in r]
   assert losses[-1] < losses[0]           # it learns
