@@ -35,19 +35,23 @@ def program_from_response(rec, response: str) -> str:
   return _base.extract_code(text)
 
 
-def _make(rng: random.Random, level: int):
-  task, params, ref, tests, _ = code.make_instance(rng, level)
-  buggy = code.source(task, params, buggy=True)
+def failing_tests(src: str, tests) -> list[str]:
+  """The tests (one assert each) that `src`, our own generated code, fails."""
   failing = []
   for t in tests:
     ns: dict = {}
-    exec(buggy, ns)  # pylint: disable=exec-used  # our own generated code
+    exec(src, ns)  # pylint: disable=exec-used  # our own generated code
     try:
       exec(t, ns)  # pylint: disable=exec-used
-    except AssertionError:
-      failing.append(t)
     except Exception:  # pylint: disable=broad-except
       failing.append(t)
+  return failing
+
+
+def _make(rng: random.Random, level: int):
+  task, params, ref, tests, _ = code.make_instance(rng, level)
+  buggy = code.source(task, params, buggy=True)
+  failing = failing_tests(buggy, tests)
   if not failing:  # the bug is invisible to these inputs: draw again
     return _make(rng, level)
   shown = rng.choice(failing)

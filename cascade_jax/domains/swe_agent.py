@@ -31,6 +31,7 @@ import random
 from cascade_jax import envs
 from cascade_jax.domains import _base
 from cascade_jax.domains import code
+from cascade_jax.domains import swe
 
 MODULE, TEST_PATH = 'pkg/ops.py', 'tests/test_ops.py'
 TOOLS_TEXT = ('Tools: list_files, read_file(path), search(text), '
@@ -46,7 +47,7 @@ def _fn_lines(src: str) -> tuple[str, str]:
 def _make(rng: random.Random, level: int):
   task, params, ref, tests, _ = code.make_instance(rng, level)
   buggy = code.source(task, params, buggy=True)
-  failing = _failing(buggy, task.name, tests)
+  failing = swe.failing_tests(buggy, tests)
   if not failing:                # the bug is invisible to these inputs
     return _make(rng, level)
   # A correct neighbour in the same module, from another task family,
@@ -91,18 +92,6 @@ def _make(rng: random.Random, level: int):
   key = f'{task.name}:{sorted(params.items())}:{shown}'
   return key, rec
 
-
-def _failing(src: str, name: str, tests) -> list[str]:
-  out = []
-  for t in tests:
-    ns: dict = {}
-    exec(src, ns)  # pylint: disable=exec-used  # our own generated code
-    try:
-      exec(t, ns)  # pylint: disable=exec-used
-    except Exception:  # pylint: disable=broad-except
-      out.append(t)
-  del name
-  return out
 
 
 def _demonstration(rec, replies, reward=1.0) -> list[dict]:

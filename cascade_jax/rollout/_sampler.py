@@ -104,6 +104,18 @@ def keep_top_n(logits, n):
   return jnp.where(logits < nth, _NEG, logits)
 
 
+def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_id):
+  """Samples token t of every row from its logits (pad once a row is done);
+  records its log-prob and kept-set size, and which rows are now done."""
+  key, sub = jax.random.split(key)
+  tok, lp, n_kept = _select(logits, sub, cfg)
+  tok = jnp.where(done, pad_id, tok)
+  toks = toks.at[:, t].set(tok)
+  lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
+  kept = kept.at[:, t].set(n_kept)
+  return tok, key, toks, lps, kept, done | (tok == stop_id)
+
+
 def _select(logits, key, cfg: SampleConfig):
   """Next token, its log-prob under the sampling distribution, and the kept-set size."""
   v = logits.shape[-1]
@@ -148,15 +160,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     rope_all = model_lib.rope_tables(prompt_len_b[:, None] + jnp.arange(n),
                                      model.cfg.head_dim, model.cfg.rope_theta)
 
-  def choose(t, logits, key, toks, lps, kept, done):
-    """Samples token t of every row from its logits (pad once a row is done)."""
-    key, sub = jax.random.split(key)
-    tok, lp, n_kept = _select(logits, sub, cfg)
-    tok = jnp.where(done, pad_id, tok)
-    toks = toks.at[:, t].set(tok)
-    lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
-    kept = kept.at[:, t].set(n_kept)
-    return tok, key, toks, lps, kept, done | (tok == stop_id)
+  choose = functools.partial(_choose, cfg=cfg, pad_id=pad_id, stop_id=stop_id)
 
   def cond(c):
     t, *_, done = c

@@ -40,7 +40,7 @@ from flax import nnx
 from cascade_jax import model as model_lib
 from cascade_jax import sharding
 from cascade_jax.rollout import _decode
-from cascade_jax.rollout._sampler import _select
+from cascade_jax.rollout._sampler import _choose
 from cascade_jax.rollout._sampler import SampleConfig
 
 APPEND_BUCKET = 16
@@ -125,14 +125,7 @@ def _turn(graph, state, logits0, cache, next_pos_b, active_b, key, *, cfg,
   n_moe = model.cfg.pattern.count(model_lib.MOE)
   k_top = model.cfg.moe.top_k if n_moe else 0
 
-  def choose(t, logits, key, toks, lps, kept, done):
-    key, sub = jax.random.split(key)
-    tok, lp, n_kept = _select(logits, sub, cfg)
-    tok = jnp.where(done, pad_id, tok)
-    toks = toks.at[:, t].set(tok)
-    lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
-    kept = kept.at[:, t].set(n_kept)
-    return tok, key, toks, lps, kept, done | (tok == stop_id)
+  choose = functools.partial(_choose, cfg=cfg, pad_id=pad_id, stop_id=stop_id)
 
   def cond(c):
     t, *_, done = c
