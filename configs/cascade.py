@@ -21,11 +21,12 @@ import ml_collections
 
 from cascade_jax import train
 
+from configs import judge as judge_config
 from configs import reward_model as rm_config
 from configs import rl as rl_config
 from configs import sft as sft_config
 
-DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
+DEFAULT_ORDER = ('sft,rm,judge,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
                  'long_context_rl,code_rl,swe_rl,swe_agent_rl')
 
 # The paper's RLHF KL coefficient is 0.03. At this scale the policy found
@@ -36,6 +37,10 @@ DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
 # SFT 0.52 -> 0.74 (0.67 at 0.03). --config.stages.rlhf.rl.kl_coef=0.03
 # restores the paper's value.
 RLHF_KL = 0.1
+# The RLHF stages' reward: 'generative_judge' (the paper's: the `judge`
+# stage compares each rollout with the others of its group, both orders)
+# or 'bradley_terry' (the `rm` stage's scalar score).
+RLHF_REWARD = 'generative_judge'
 # A response cut at max_new_tokens, per stage (RLConfig.overlong). The
 # recipe filters (masks out of the loss) for multi-domain, long-context and
 # code RL: a cut answer there says nothing about the answer the model would
@@ -55,7 +60,8 @@ RLHF_KL = 0.1
 OVERLONG = {'rlhf_branch': 'penalty', 'if_rl': 'penalty',
             'multi_domain_rl': 'filter', 'rlhf': 'penalty',
             'long_context_rl': 'filter', 'code_rl': 'filter',
-            'swe_rl': 'penalty', 'swe_agent_rl': 'penalty', 'mopd': 'none'}
+            'swe_rl': 'penalty', 'swe_agent_rl': 'penalty', 'mopd': 'none',
+            'math_rl': 'filter'}
 # RL stage -> (domain(s), levels, generator options, steps, lr, extra rl).
 # max_new_tokens is 48 unless a stage's answers are short (the learner's
 # sequences are prompt + budget long).
@@ -100,6 +106,10 @@ RL_STAGES = {
     'swe_agent_rl': ('swe_agent', (1, 2), {'split_by': 'prompt'}, 10, 2e-4,
                      dict(max_new_tokens=72, max_refill_rounds=1,
                           trim_bucket=32)),
+    # Math RL (Nemotron-Cascade 1's stage; not in Cascade 2's order, where
+    # MOPD keeps math): --config.order=sft,...,math_rl, or rerun_stage.
+    'math_rl': ('math', (1, 2, 3), {'split_by': 'prompt'}, 30, 2e-4,
+                dict(prompts_per_step=16)),
 }
 MOPD_TEACHERS = {'math': 'sft', 'instruction_following': 'if_rl',
                  'multi_domain': 'multi_domain_rl',
@@ -136,7 +146,7 @@ def _rl(name, quick):
   c.steps = steps
   c.checkpoint_every, c.keep_checkpoints, c.log_every = 10, 1, 5
   if dom == 'preference':
-    c.reward_model = 'rm'
+    c.reward = RLHF_REWARD
   if quick:
     c.steps, c.checkpoint_every = 2, 1
     c.rl.prompts_per_step, c.rl.rollouts_per_prompt = 2, 4
@@ -190,6 +200,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # score up, the judge's pass rate from 0.68 to 0.04).
     rm.steps, rm.eval_n = 40, 256
   c.stages.rm = rm
+  c.stages.judge = _stage('judge', judge_config.get_config(
+      'quick' if quick else None), init_from='sft', branch=True)
 
   for name in RL_STAGES:
     c.stages[name] = _rl(name, quick)

@@ -1,13 +1,18 @@
-"""The paper's MOPD efficiency experiment: from one checkpoint, GRPO vs MOPD on one domain.
+"""The paper's MOPD efficiency experiment: from one checkpoint, GRPO vs MOPD on one domain, over seeds.
 
   python -m experiments.mopd_vs_grpo --config=configs/mopd_vs_grpo.py \
-      --workdir=runs/mopd_vs_grpo --config.init_from=runs/cascade/multi_domain_rl \
+      --workdir=runs/mopd_vs_grpo --config.init_from=runs/cascade/code_rl \
       --config.teacher=runs/cascade/sft --config.domain=math
 
-Both arms start from `init_from` with the same prompts, batch size and lr;
-GRPO learns from the domain's verifier, MOPD from `teacher`'s per-token
-log-probs. The result: eval score against steps for both, the teacher's
-score, and the steps each arm needed to reach it (results.json, curves.png).
+The paper's setting: a student that later stages moved away from its math
+teacher (here the checkpoint after code RL), the SFT checkpoint as the math
+teacher. Both arms start from `init_from` with the same prompts, batch size
+and lr in each seed; GRPO learns from the domain's verifier, MOPD from the
+teacher's per-token log-probs. Every `eval_every` steps both are scored as
+the cascade scores a stage (pass@1 at T=1, the mean over 2 samples of 256
+prompts). The result (results.json, curves.png): the curves, the teacher's
+score, the steps each arm needs to reach it per seed, their mean and
+spread, and the ratio MOPD steps / GRPO steps.
 """
 
 import ml_collections
@@ -20,14 +25,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.init_from = ''
   c.teacher = ''
   c.domain = 'math'
+  c.seeds = (0, 1, 2)
   c.base = rl_config.get_config('quick' if arg == 'quick' else None)
   c.base.data.domain = c.get_ref('domain')
-  c.base.steps = 60
-  c.base.eval_every = 10
+  c.base.steps = 30
+  c.base.eval_every = 2
+  c.base.eval_n = 256
+  c.base.eval_temperature, c.base.eval_samples = 1.0, 2
+  c.base.checkpoint_every = 30
+  c.base.keep_checkpoints = 1
+  c.base.optim.warmup_steps = 2
+  # The cascade's MOPD stage: 16 prompts x 4 samples, 48 new tokens.
   c.base.rl.prompts_per_step, c.base.rl.rollouts_per_prompt = 16, 4
   c.base.rl.max_new_tokens = 48
+  # Per arm: its own rl settings on top of base.rl (MOPD as in the cascade:
+  # no group filter, a cut response still teaches per token).
+  c.arms = ml_collections.ConfigDict(dict(
+      grpo=dict(algorithm='grpo'),
+      mopd=dict(algorithm='mopd', dynamic_filtering=False, overlong='none')))
   if arg == 'quick':
+    c.seeds = (0,)
     c.base.steps, c.base.eval_every, c.base.eval_n = 2, 1, 8
+    c.base.checkpoint_every = 2
+    c.base.rl.prompts_per_step, c.base.rl.max_new_tokens = 2, 16
   elif arg:
     raise ValueError(f'configs/mopd_vs_grpo.py: unknown argument {arg!r}')
   return c

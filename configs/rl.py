@@ -23,7 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.update(train.placement_defaults())
   c.init_from = ''                   # a run directory (SFT or an RL stage)
   c.data = ml_collections.ConfigDict(dict(
-      domain='math', n_train=4096, levels=(1, 2), split_by='prompt'))
+      domain='math', n_train=4096, levels=(1, 2, 3), split_by='prompt'))
   # data.domain may list several domains, comma-separated (a mixed stage).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
@@ -37,11 +37,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',
       warmup_init_frac=0.1))
   c.teachers = ml_collections.ConfigDict({'math': ''})  # MOPD: domain -> run
-  c.reward_model = ''                # a reward-model run: its scores, not verifiers
+  # A reward-model run (Bradley-Terry) or a generative judge's run
+  # (configs/judge.py): its scores are the reward instead of the verifiers'.
+  c.reward_model = ''
+  # The judge's comparisons: each rollout against the others of its group
+  # ('group') or the record's reference reply ('reference'), both orders;
+  # length_penalty > 0 pays less for a reply longer than its group's mean.
+  c.judge = ml_collections.ConfigDict(dict(compare='group',
+                                           length_penalty=0.0))
   c.steps = 100
   c.log_every = 10
   c.eval_every = 25
   c.eval_n = 256                     # 0: no evaluation in the stage
+  # Greedy (0.0) or pass@1 at a temperature, the mean over eval_samples
+  # samples a prompt (as the cascade scores its stages).
+  c.eval_temperature = 0.0
+  c.eval_samples = 1
   c.checkpoint_every = 25
   c.keep_checkpoints = 2
   if arg == 'mopd':

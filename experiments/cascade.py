@@ -29,10 +29,13 @@ def main(argv):
   _launch.start()
   utils.enable_compilation_cache()
   t0 = time.perf_counter()
+  meta = utils.provenance()
   records = cascade.run(_CONFIG.value, _WORKDIR.value)
   if jax.process_index():   # process 0 writes the report
     return
-  out = report.cascade_report(_WORKDIR.value, records)
+  meta.update(wall_s=time.perf_counter() - t0, seed=_CONFIG.value.seed,
+              workdir=_WORKDIR.value)
+  out = report.cascade_report(_WORKDIR.value, records, meta=meta)
   print(f'\n[cascade] finished in {time.perf_counter() - t0:.0f}s; report: '
         f"{out['markdown']}\n")
   print(out['table'])

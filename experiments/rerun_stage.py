@@ -11,6 +11,10 @@ on every domain as the cascade scores a stage (--config.eval_n,
 own domains.
 """
 
+import json
+import os
+import time
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -30,6 +34,9 @@ _INIT = flags.DEFINE_string('init_from', '', 'Start from this stage of the '
                             "run instead of the stage's own start.")
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the rerun writes.',
                                required=True)
+_SEED = flags.DEFINE_integer('stage_seed', None, "The stage's training seed "
+                             "(default: the cascade's); the evaluation keeps "
+                             "the cascade's.")
 
 
 def main(argv):
@@ -37,8 +44,17 @@ def main(argv):
   utils.quiet_logs()
   _launch.start()
   utils.enable_compilation_cache()
+  meta, t0 = utils.provenance(), time.perf_counter()
   rows = cascade.rerun_stage(_CONFIG.value, _RUN.value, _STAGE.value,
-                             _WORKDIR.value, init_from=_INIT.value)
+                             _WORKDIR.value, init_from=_INIT.value,
+                             stage_seed=_SEED.value)
+  path = os.path.join(_WORKDIR.value, 'rerun.json')
+  if os.path.exists(path):     # provenance beside the rows
+    with open(path) as f:
+      out = json.load(f)
+    out['meta'] = dict(meta, wall_s=time.perf_counter() - t0)
+    with open(path, 'w') as f:
+      json.dump(out, f, indent=2)
   print(utils.format_table(
       ['domain', 'before', 'after', 'change', '2 SE (paired)', ''],
       [[r['domain'] + ('*' if r['own'] else ''), r['before'], r['after'],

@@ -28,16 +28,23 @@ def test_default_order_follows_the_paper():
   assert by['mopd'].teachers == {'math': 'sft', 'instruction_following': 'if_rl',
                                  'multi_domain': 'multi_domain_rl',
                                  'preference': 'rlhf_branch'}
-  assert by['rlhf'].reward_model == 'rm'
+  kinds = {'generative_judge': 'judge', 'bradley_terry': 'rm'}
+  assert by['rlhf'].reward_model == kinds[cascade_config.RLHF_REWARD]
+  assert by['judge'].branch and by['judge'].init_from == 'sft'
+  assert 'reward' not in by['rlhf'].config      # the cascade's, resolved
+  c = cascade_config.get_config()
+  for reward, stage in kinds.items():    # one flag switches the reward
+    c.stages.rlhf.reward = reward
+    assert {s.name: s for s in cascade.plan(c)}['rlhf'].reward_model == stage
   assert by['rlhf'].config.rl.kl_coef == cascade_config.RLHF_KL > 0
 
 
 def test_reordering_and_dropping_stages_is_a_config_change():
   c = cascade_config.get_config()
-  c.order = 'sft,rm,rlhf,if_rl,code_rl,swe_rl'      # Nemotron-Cascade 1
+  c.order = 'sft,rm,judge,rlhf,if_rl,code_rl,swe_rl'  # Nemotron-Cascade 1
   assert _names(cascade.plan(c)) == [
-      ('sft', ''), ('rm', 'sft'), ('rlhf', 'sft'), ('if_rl', 'rlhf'),
-      ('code_rl', 'if_rl'), ('swe_rl', 'code_rl')]
+      ('sft', ''), ('rm', 'sft'), ('judge', 'sft'), ('rlhf', 'sft'),
+      ('if_rl', 'rlhf'), ('code_rl', 'if_rl'), ('swe_rl', 'code_rl')]
 
 
 @pytest.mark.parametrize('change, match', [
@@ -45,13 +52,27 @@ def test_reordering_and_dropping_stages_is_a_config_change():
     (dict(order='if_rl,sft'), 'nothing to start from'),
     (dict(order='sft,if_rl,if_rl'), 'twice'),
     (dict(order='sft,if_rl,multi_domain_rl,mopd'), "'rlhf_branch'"),  # teacher
-    (dict(order='sft,rlhf'), "reward_model 'rm'"),
+    (dict(order='sft,rlhf'),
+     f"reward '{cascade_config.RLHF_REWARD}' needs an earlier"),
 ])
 def test_bad_cascades_are_refused_before_running(change, match):
   c = cascade_config.get_config()
   for k, v in change.items():
     c[k] = v
   with pytest.raises((ValueError, KeyError), match=match):
+    cascade.plan(c)
+
+
+@pytest.mark.parametrize('reward, rm, match', [
+    ('rouge', '', "reward 'rouge' is not one of"),
+    ('bradley_terry', 'judge', "reward_model 'judge' is not an earlier "
+                               'reward_model stage'),
+    ('', 'if_rl', "'if_rl' is not an earlier reward_model or judge stage"),
+])
+def test_a_reward_must_come_from_a_stage_of_its_kind(reward, rm, match):
+  c = cascade_config.get_config()
+  c.stages.rlhf.reward, c.stages.rlhf.reward_model = reward, rm
+  with pytest.raises(ValueError, match=match):
     cascade.plan(c)
 
 
@@ -94,13 +115,13 @@ def _laptop(c):
 
 def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   c = _laptop(cascade_config.get_config('quick'))
-  c.order = 'sft,rm,rlhf_branch,if_rl,mopd'
+  c.order = 'sft,rm,judge,rlhf_branch,if_rl,mopd'
   c.stages.mopd.teachers = dict(math='sft', instruction_following='if_rl',
                                 multi_domain='', preference='rlhf_branch')
   c.stages.mopd.data.domain = 'math,instruction_following,preference'
   records = cascade.run(c, str(tmp_path))
-  assert [r['name'] for r in records] == ['sft', 'rm', 'rlhf_branch', 'if_rl',
-                                         'mopd']
+  assert [r['name'] for r in records] == ['sft', 'rm', 'judge', 'rlhf_branch',
+                                         'if_rl', 'mopd']
   for r in records:
     assert os.path.exists(tmp_path / r['name'] / 'stage.json')
     assert json.load(open(tmp_path / r['name'] / 'config.json'))
@@ -125,6 +146,17 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
                              atol=1e-5)
   assert rm_fn(held[:1], [held[0]['chosen']])[0] == pytest.approx(
       chosen[0], abs=1e-5)
+  # The judge (the RLHF stages' default reward) as a reward function is the
+  # trained judge: its verdicts on the held-out pairs are the judge stage's.
+  judge = records[2]['judge']
+  assert judge == json.load(open(tmp_path / 'judge' / 'judge_scores.json'))
+  j_fn = reward_model.load(str(tmp_path / 'judge'))
+  assert isinstance(j_fn, reward_model.JudgeReward)
+  again = reward_model.judge_agreement(j_fn.judge, held)
+  assert again == {k: judge[k] for k in again}
+  assert json.load(open(tmp_path / 'rlhf_branch' / 'config.json'))[
+      'reward_model'] == {'generative_judge': 'judge', 'bradley_terry': 'rm'}[
+          cascade_config.RLHF_REWARD]
   # Every RL stage was on-policy at every step: the learner's log-probs are
   # the sampler's, and no scoring forward dropped a token.
   for name in ('rlhf_branch', 'if_rl', 'mopd'):
@@ -146,7 +178,7 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   again = cascade.run(c, str(tmp_path))
   assert again == records
   out = capsys.readouterr().out
-  assert out.count('skipped') == 5 and 'warning' not in out
+  assert out.count('skipped') == 6 and 'warning' not in out
   c.stages.if_rl.optim.lr = 1e-5     # a finished stage's config changed
   cascade.run(c, str(tmp_path))
   assert 'warning: if_rl was run with another config' in capsys.readouterr().out

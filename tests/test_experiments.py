@@ -71,3 +71,52 @@ def test_bench_accel_quick_runs_every_part_on_cpu(tmp_path):
   assert all(row['value'] > 0 for row in res['rows'])
   assert res['ops']['grouped_matmul'] == ['xla (cpu, float32)']
   assert 'metric' in r.stdout and 'ops picked' in r.stdout
+
+
+@pytest.fixture(scope='module')
+def quick_cascade(tmp_path_factory):
+  """SFT, the reward model and the judge at the quick size (one device)."""
+  d = tmp_path_factory.mktemp('quick_cascade')
+  r = _run('experiments.cascade', '--config=configs/cascade.py:quick',
+           '--config.order=sft,rm,judge', '--config.mesh.data=1',
+           f'--workdir={d}')
+  assert r.returncode == 0, r.stderr
+  return d
+
+
+@pytest.mark.slow  # ~2 min with the cascade: CI runs it
+def test_mopd_vs_grpo_writes_curves_steps_and_provenance(quick_cascade,
+                                                         tmp_path):
+  r = _run('experiments.mopd_vs_grpo', '--config=configs/mopd_vs_grpo.py:quick',
+           f'--config.init_from={quick_cascade}/sft',
+           f'--config.teacher={quick_cascade}/sft', f'--workdir={tmp_path}')
+  assert r.returncode == 0, r.stderr
+  res = json.load(open(tmp_path / 'results.json'))
+  assert res['seeds'] == [0] and set(res['steps_to_teacher']) == {'grpo',
+                                                                  'mopd'}
+  for arm in ('grpo', 'mopd'):
+    curve = res['runs']['0'][arm]
+    assert curve['steps'] == [0, 1, 2] and len(curve['ses']) == 3
+    # Both arms start from the same checkpoint, scored with the same key.
+    assert curve['scores'][0] == res['runs']['0']['grpo']['scores'][0]
+  assert res['meta']['commit'] and res['meta']['wall_s'] > 0
+  assert os.path.getsize(tmp_path / 'curves.png') > 0
+  assert 'steps to teacher' in r.stdout
+  r = _run('experiments.mopd_vs_grpo', '--config=configs/mopd_vs_grpo.py:quick',
+           f'--config.init_from={tmp_path}/nope',
+           f'--config.teacher={quick_cascade}/sft', f'--workdir={tmp_path}/x')
+  assert r.returncode != 0 and 'init_from' in r.stderr
+
+
+@pytest.mark.slow
+def test_judge_agreement_ranks_pairs_beside_bradley_terry(quick_cascade,
+                                                          tmp_path):
+  r = _run('experiments.judge_agreement', f'--run={quick_cascade}', '--n=16',
+           f'--workdir={tmp_path}')
+  assert r.returncode == 0, r.stderr
+  res = json.load(open(tmp_path / 'agreement.json'))
+  assert res['pairs']['n'] == 16
+  for k in ('bradley_terry', 'judge', 'judge_greedy_verdicts'):
+    assert 0.0 <= res['pairs'][k] <= 1.0
+  assert res['samples']['of_prompts'] == 16
+  assert 'Bradley-Terry' in r.stdout

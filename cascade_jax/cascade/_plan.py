@@ -4,9 +4,9 @@ A cascade config (see configs/cascade.py) has
 
   order:   'sft,if_rl,multi_domain_rl,...'   the stages to run, in order
   stages:  name -> the stage runner's config (configs/sft.py, configs/rl.py
-           or configs/reward_model.py, with the stage's values) plus
-           kind ('sft' | 'grpo' | 'mopd' | 'reward_model'), init_from
-           (a stage name) and branch.
+           configs/reward_model.py or configs/judge.py, with the stage's
+           values) plus kind ('sft' | 'grpo' | 'mopd' | 'reward_model' |
+           'judge'), init_from (a stage name) and branch.
 
 In a stage, `teachers` (MOPD: domain -> stage) and `reward_model` name
 stages, not directories; the runner resolves them. A stage starts from `init_from`
@@ -14,17 +14,23 @@ stages, not directories; the runner resolves them. A stage starts from `init_fro
 `branch=True` keeps a stage off the main line (the paper's RLHF teacher is
 RLHF from SFT), and a reward model is always off it. MOPD names its
 teachers by domain -> stage; an RL stage may take its reward from a
-reward-model stage. Every name is checked before anything runs.
+reward-model stage (a Bradley-Terry model) or a judge stage (a generative
+pairwise judge): `reward='bradley_terry' | 'generative_judge'` picks the
+latest earlier stage of that kind, or `reward_model` names one. Every name
+is checked before anything runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import ml_collections
 
-KINDS = ('sft', 'grpo', 'mopd', 'reward_model')
-_META = ('kind', 'init_from', 'branch')
+KINDS = ('sft', 'grpo', 'mopd', 'reward_model', 'judge')
+_META = ('kind', 'init_from', 'branch', 'reward')
+# An RL stage's `reward` -> the kind of stage that gives it.
+REWARDS = {'bradley_terry': 'reward_model', 'generative_judge': 'judge'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +96,7 @@ def plan(config: ml_collections.ConfigDict) -> list[Stage]:
     if kind == 'mopd' and not teachers:
       raise ValueError(f'cascade stage {name!r}: MOPD needs teachers '
                        '(domain -> stage)')
-    rm = spec.get('reward_model') or ''
-    if rm and (rm not in earlier or config.stages[rm].kind != 'reward_model'):
-      raise ValueError(f'cascade stage {name!r}: reward_model {rm!r} is not an '
-                       'earlier reward_model stage')
+    rm = _reward_stage(config, name, spec, earlier)
     if kind in ('grpo', 'mopd'):
       data_spec = spec.get('data') or {}
       doms = [d.strip() for d in str(data_spec.get('domain', '')).split(',')
@@ -102,7 +105,8 @@ def plan(config: ml_collections.ConfigDict) -> list[Stage]:
       if extra:
         raise ValueError(f'cascade stage {name!r}: data.per_domain names '
                          f'{extra}, not among its domains {doms}')
-    branch = bool(spec.get('branch', False)) or kind == 'reward_model'
+    branch = bool(spec.get('branch', False)) or kind in ('reward_model',
+                                                         'judge')
     if kind in ('grpo', 'mopd') and spec['rl']['algorithm'] != kind:
       raise ValueError(f'cascade stage {name!r}: kind {kind!r} but '
                        f"rl.algorithm {spec['rl']['algorithm']!r}")
@@ -115,3 +119,26 @@ def plan(config: ml_collections.ConfigDict) -> list[Stage]:
     if not branch:
       main_line = name
   return stages
+
+
+def _reward_stage(config, name: str, spec: dict, earlier: Sequence[str]) -> str:
+  """The stage whose scores are an RL stage's reward ('' for verifiers)."""
+  reward = spec.get('reward') or ''
+  rm = spec.get('reward_model') or ''
+  if reward and reward not in REWARDS:
+    raise ValueError(f'cascade stage {name!r}: reward {reward!r} is not one '
+                     f'of {sorted(REWARDS)}')
+  if reward and not rm:
+    kind = REWARDS[reward]
+    found = [n for n in earlier if config.stages[n].kind == kind]
+    if not found:
+      raise ValueError(f'cascade stage {name!r}: reward {reward!r} needs an '
+                       f'earlier {kind} stage (earlier: {list(earlier)})')
+    return found[-1]
+  if not rm:
+    return ''
+  kinds = (REWARDS[reward],) if reward else tuple(REWARDS.values())
+  if rm not in earlier or config.stages[rm].kind not in kinds:
+    raise ValueError(f'cascade stage {name!r}: reward_model {rm!r} is not an '
+                     f'earlier {" or ".join(kinds)} stage')
+  return rm

@@ -125,11 +125,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
       sft.run(c, d)
     elif st.kind == 'reward_model':
       extra = reward_model.train_run(c, d)
+    elif st.kind == 'judge':
+      extra = dict(judge=reward_model.judge_train_run(c, d))
     else:
       rl.run(c, d)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    scores = {} if st.kind == 'reward_model' else score_stage(
+    scores = {} if st.kind in ('reward_model', 'judge') else score_stage(
         d, evals, temperature=config.eval_temperature,
         samples=config.eval_samples, seed=config.seed, config=config)
     rec = dict(name=st.name, kind=st.kind, init_from=st.init_from,
@@ -151,7 +153,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
 
 
 def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
-                out_dir: str, *, init_from: str = '') -> list[dict]:
+                out_dir: str, *, init_from: str = '',
+                stage_seed: int | None = None) -> list[dict]:
   """One RL stage of a finished cascade again, scored against its start.
 
   The stage (with `config`'s settings, e.g. changed hyperparameters) starts
@@ -163,7 +166,10 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
 
   Returns per domain (the stage's own first): before, after, change, the
   paired standard error of the change and whether it is the stage's own
-  (also written to `out_dir`/rerun.json).
+  (also written to `out_dir`/rerun.json, with the stage's seed and config).
+  `stage_seed` (default: the cascade's seed) seeds the stage's training only
+  (its prompt order and sampling), not the evaluation: reruns over seeds
+  are scored on the same prompts with the same sampling keys.
   """
   stages = {s.name: s for s in plan(config)}
   if name not in stages:
@@ -173,7 +179,8 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
   if st.kind not in ('grpo', 'mopd'):
     raise ValueError(f'rerun_stage: {name} is a {st.kind} stage; only RL '
                      'stages (grpo, mopd) can be rerun')
-  c = runner_config(st, run_dir, config.seed, config)
+  c = runner_config(st, run_dir, config.seed if stage_seed is None
+                    else stage_seed, config)
   c.init_from = init_from or st.init_from
   start_dir = train.resolve(c.init_from, c.root)
   if not os.path.isdir(start_dir):
@@ -195,7 +202,9 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
                                           list(b['prompt_pass'].items()))))
   if train.is_main_process():
     with open(os.path.join(out_dir, 'rerun.json'), 'w') as f:
-      json.dump(dict(stage=name, init_from=start_dir, rows=rows), f, indent=2)
+      json.dump(dict(stage=name, init_from=start_dir, seed=c.seed,
+                     config=json.loads(c.to_json_best_effort()), rows=rows),
+                f, indent=2)
   return rows
 
 
@@ -220,6 +229,6 @@ def _barrier(name: str) -> None:
 def _domains(st: Stage) -> list[str]:
   if st.kind in ('grpo', 'mopd'):
     return [x.strip() for x in st.config.data.domain.split(',') if x.strip()]
-  if st.kind == 'reward_model':
+  if st.kind in ('reward_model', 'judge'):
     return ['preference']
   return []

@@ -14,9 +14,10 @@ import numpy as np
 
 from cascade_jax import domains
 from cascade_jax import utils
-from cascade_jax.report._plots import plot_curves
 from cascade_jax.report._plots import plot_matrix
+from cascade_jax.report._plots import plot_stage_panels
 from cascade_jax.report._plots import read_metrics
+from cascade_jax.report._plots import StagePanel
 
 SHORT = {'instruction_following': 'IF', 'multi_domain': 'multi',
          'long_context': 'long', 'preference': 'pref'}
@@ -43,8 +44,13 @@ def deltas(records: Sequence[dict], key: str = 'pass_rate') -> np.ndarray:
   return out
 
 
-def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
-  """Writes the report; returns {'markdown', 'json', 'table'} (table: text)."""
+def cascade_report(workdir: str, records: Sequence[dict],
+                   meta: dict | None = None) -> dict:
+  """Writes the report; returns {'markdown', 'json', 'table'} (table: text).
+
+  `meta`: where the run came from (`utils.provenance()`, plus wall time and
+  seed), kept in report.json with the resolved config (config.json).
+  """
   out_dir = os.path.join(workdir, 'report')
   os.makedirs(out_dir, exist_ok=True)
   names, doms, vals = matrix(records)
@@ -65,16 +71,14 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
               os.path.join(out_dir, 'deltas.png'), diverging=True,
               fmt='{:+.2f}',
               title='Change against the stage each one started from')
-  series, on_policy = {}, {}
+  panels, on_policy = [], {}
   for r in records:
     path = os.path.join(workdir, r['name'], 'rl_metrics.jsonl')
     if r['kind'] in ('grpo', 'mopd') and os.path.exists(path):
-      label = r['name'] + (' (reward model)' if r.get('reward_model') else '')
-      series[label] = read_metrics(path, 'reward_mean')
+      panels.append(stage_panel(r, path, by_name))
       on_policy[r['name']] = on_policy_check(path)
-  plot_curves(series, os.path.join(out_dir, 'curves.png'),
-              title='Sampled reward per RL stage (verifier or reward model)',
-              ylabel='mean reward')
+  plot_stage_panels(panels, os.path.join(out_dir, 'curves.png'),
+                    title=f'RL stages ({metric_label(records)} for eval)')
 
   header = ['stage', 'kind', 'from'] + cols + ['train s', 'eval s',
                                                'mismatch max']
@@ -94,19 +98,34 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
                if by_name[n]['kind'] in ('grpo', 'mopd')}
   rm = [r for r in records if r['kind'] == 'reward_model']
   total = sum(r['train_s'] + r['eval_s'] for r in records)
-  data = dict(stages=list(records), domains=doms, matrix_stages=names,
+  config = None
+  if os.path.exists(os.path.join(workdir, 'config.json')):
+    with open(os.path.join(workdir, 'config.json')) as f:
+      config = json.load(f)
+  data = dict(meta=dict(meta or {}), config=config,
+              stages=list(records), domains=doms, matrix_stages=names,
               metric=metric, pass_rate=vals.tolist(), deltas=dvals.tolist(),
               own_domain_change=own_gains, total_s=total,
               on_policy=on_policy,
               reward_model={r['name']: dict(accuracy=r.get('accuracy'),
                                             accuracy_before=r.get(
                                                 'accuracy_before'))
-                            for r in rm})
+                            for r in rm},
+              judge={r['name']: r.get('judge') for r in records
+                     if r['kind'] == 'judge'})
   jpath = os.path.join(out_dir, 'report.json')
   with open(jpath, 'w') as f:
     json.dump(data, f, indent=2, default=_nan_safe)
+  run = ''
+  if meta:
+    run = (f"Run of commit {meta.get('commit', '?')[:10]}"
+           + (' (with local changes)' if meta.get('dirty') else '')
+           + f", {meta.get('date', '?')}, seed {meta.get('seed', '?')}, on "
+           f"{meta.get('machine', '?')}: `{meta.get('command', '?')}`"
+           + (f", {meta['wall_s']:.0f}s wall" if 'wall_s' in meta else '')
+           + '.\n\n')
   md = ['# Cascade report', '',
-        f'{len(records)} stages, {total:.0f}s of stage time. {metric} '
+        run + f'{len(records)} stages, {total:.0f}s of stage time. {metric} '
         'on every domain\'s eval split after each stage; * marks the '
         "stage's own domains.", '', '```', table, '```', '',
         '![pass rates](matrix.png)', '',
@@ -124,18 +143,48 @@ def cascade_report(workdir: str, records: Sequence[dict]) -> dict:
     start = by_name[n]['init_from']
     md.append(f'- {n}: ' + ', '.join(
         f'{SHORT.get(d, d)} {v:+.3f} ('
-        + ('beyond' if abs(v) > 2 * _se_diff(by_name[start], by_name[n], d)
+        + ('beyond' if abs(v) > 2 * se_of_change(by_name[start], by_name[n], d)
            else 'within') + ' noise)'
         for d, v in g.items()))
   for r in rm:
     md += ['', f"Reward model `{r['name']}`: held-out pairwise accuracy "
            f"{r.get('accuracy', float('nan')):.3f} (before training "
            f"{r.get('accuracy_before', float('nan')):.3f})."]
+  for r in records:
+    j = r.get('judge') if r['kind'] == 'judge' else None
+    if j:
+      before = (j.get('before') or {}).get('agreement', float('nan'))
+      md += ['', f"Generative judge `{r['name']}`: held-out agreement with the "
+             f"rule judge {j['agreement']:.3f} over both orders of {j['n']} "
+             f"pairs (both orders right {j['both_orders']:.3f}, position bias "
+             f"{j['position_bias']:+.3f}; before training {before:.3f})."]
   md += ['', '## Training curves', '', '![curves](curves.png)', '']
   mpath = os.path.join(out_dir, 'report.md')
   with open(mpath, 'w') as f:
     f.write('\n'.join(md))
   return dict(markdown=mpath, json=jpath, table=table)
+
+
+def stage_panel(record: dict, metrics_path: str,
+                by_name: dict[str, dict]) -> StagePanel:
+  """An RL stage's panel: its training signal, its own domains' pass@1 at
+  its start (the stage it started from) and end, the mismatch per step."""
+  if record['kind'] == 'mopd':
+    signal = ('reverse KL to teachers',) + read_metrics(metrics_path,
+                                                        'reverse_kl')
+  elif record.get('reward_model'):
+    signal = ('reward-model score',) + read_metrics(metrics_path,
+                                                    'reward_mean')
+  else:
+    signal = ('sampled reward',) + read_metrics(metrics_path, 'reward_mean')
+  start = by_name.get(record['init_from'], {}).get('scores', {})
+  end = record.get('scores', {})
+  evals = {SHORT.get(d, d): (start[d]['pass_rate'], end[d]['pass_rate'])
+           for d in record.get('domains', []) if d in start and d in end}
+  return StagePanel(
+      name=record['name'], signal=signal, evals=evals,
+      mismatch=read_metrics(metrics_path, 'sampler_mismatch_max'),
+      on_eval_scale=signal[0] == 'sampled reward')
 
 
 def on_policy_check(path: str) -> dict[str, float]:
@@ -165,7 +214,7 @@ def metric_label(records: Sequence[dict]) -> str:
   return f'Pass@1 (T={t:g}, mean over {k} samples)'
 
 
-def _se_diff(a: dict, b: dict, domain: str) -> float:
+def se_of_change(a: dict, b: dict, domain: str) -> float:
   """Standard error of the difference of two stages' pass rates.
 
   Paired over the eval prompts when both stages recorded per-prompt pass

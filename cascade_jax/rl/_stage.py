@@ -134,9 +134,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
            for d in doms} if config.eval_n else {}
   reward_fn = reward_rm = None
   if config.get('reward_model'):
+    path = setup.path(config.reward_model)
     reward_fn = reward_rm = reward_model.load(
-        setup.path(config.reward_model), setup=setup)
-    print(f'[rl] rewards from the reward model at {config.reward_model}')
+        path, setup=setup, judge=config.get('judge'))
+    what = ('the generative judge' if reward_model.is_judge(path) else
+            'the reward model')
+    print(f'[rl] rewards from {what} at {config.reward_model}')
   reward_fn = reward_fn or verifier_rewards
   # A stage with a multi-turn domain runs every record as an episode.
   episodes = None
@@ -163,7 +166,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer = setup.writer(keep=lambda row: _written_before(row, start,
                                                          config.steps))
   if start == 0:
-    _evaluate(graph, state, tok, evals, writer, 0)
+    _evaluate(graph, state, tok, evals, writer, 0, config)
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
   rows_multiple = 1 if setup.ctx is None else setup.ctx.shards('batch')
@@ -227,12 +230,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                  if k in m})
     if config.eval_every and (step + 1) % config.eval_every == 0 and (
         step + 1 < config.steps):
-      _evaluate(graph, state, tok, evals, writer, step + 1)
+      _evaluate(graph, state, tok, evals, writer, step + 1, config)
     if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
       setup.save(step + 1, state, {'prompt_position': stream.position,
                                    'moe_capacity': capacity})
   setup.ckpt.wait()
-  scores = _evaluate(graph, state, tok, evals, writer, config.steps)
+  scores = _evaluate(graph, state, tok, evals, writer, config.steps, config)
   setup.write_json('rl_scores.json', {k: v.__dict__ for k, v in scores.items()})
   setup.close()
   writer.close()
@@ -291,7 +294,8 @@ def _written_before(row: dict, start: int, steps: int) -> bool:
   return 0 < start < steps or not any(k.startswith('eval/') for k in row)
 
 
-def _evaluate(graph, state, tok, evals, writer, step):
-  return rollout.evaluate_and_log(nnx.merge(graph, state.params, state.rest),
-                                  tok, evals, writer=writer, step=step,
-                                  label='rl')
+def _evaluate(graph, state, tok, evals, writer, step, config):
+  return rollout.evaluate_and_log(
+      nnx.merge(graph, state.params, state.rest), tok, evals, writer=writer,
+      step=step, label='rl', temperature=config.get('eval_temperature', 0.0),
+      samples=config.get('eval_samples', 1), seed=config.seed)

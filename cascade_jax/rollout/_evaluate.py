@@ -142,17 +142,23 @@ def _needs_sandbox(domain: str) -> bool:
 
 def evaluate_and_log(model, tok: data.Tokenizer,
                      eval_sets: Mapping[str, Sequence[dict]], *, writer,
-                     step: int, label: str) -> dict[str, domains.DomainScore]:
+                     step: int, label: str, temperature: float = 0.0,
+                     samples: int = 1, seed: int = 0
+                     ) -> dict[str, domains.DomainScore]:
   """evaluate_model, written to a metrics writer and printed as a table."""
   if not eval_sets:
     return {}
   t0 = time.perf_counter()
-  scores = evaluate_model(model, tok, eval_sets)
+  scores = evaluate_model(model, tok, eval_sets, temperature=temperature,
+                          samples=samples, seed=seed)
   writer.write(step, {f'eval/{d}/pass_rate': s.pass_rate
                       for d, s in scores.items()} |
+               {f'eval/{d}/pass_se': s.pass_se for d, s in scores.items()} |
                {f'eval/{d}/mean_reward': s.mean_reward
                 for d, s in scores.items()})
+  how = ('greedy' if not temperature else
+         f'T={temperature:g}, {samples} samples a prompt')
   print(f'[{label}] eval at step {step} ({time.perf_counter() - t0:.0f}s, '
-        'greedy):')
+        f'{how}):')
   print(domains.format_scores(scores))
   return scores

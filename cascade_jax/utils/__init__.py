@@ -1,4 +1,4 @@
-"""Small shared helpers: timing, tables, benchmark results."""
+"""Small shared helpers: timing, tables, benchmark results, provenance."""
 
 from cascade_jax.utils._bench import format_table
 from cascade_jax.utils._bench import time_fn
@@ -7,3 +7,4 @@ from cascade_jax.utils._logs import enable_compilation_cache
 from cascade_jax.utils._logs import quiet_logs
 from cascade_jax.utils._distributed import cluster_environment
 from cascade_jax.utils._distributed import initialize as initialize_distributed
+from cascade_jax.utils._provenance import provenance
