@@ -139,12 +139,20 @@ def _judge(files):
   return text, 'built'
 
 
-def _rlhf_reward(files):
+def _rlhf_runs(files, reward: str | None = None, kl: str | None = None):
+  """{(reward, kl): [preference rows]} of rlhf/<judge|bt>_kl<K>_seed<S>."""
   by = {}
   for f in files:
-    r = _load(f)
-    kind = 'generative_judge' if 'generative_judge' in f else 'bradley_terry'
-    by.setdefault(kind, []).append(_row(r, 'preference'))
+    name = os.path.basename(os.path.dirname(f))
+    r, k, _ = name.split('_')
+    r = {'judge': 'generative_judge', 'bt': 'bradley_terry'}[r]
+    if (reward is None or r == reward) and (kl is None or k[2:] == kl):
+      by.setdefault((r, k[2:]), []).append(_row(_load(f), 'preference'))
+  return by
+
+
+def _rlhf_reward(files):
+  by = {r: rows for (r, _), rows in _rlhf_runs(files, kl='0.1').items()}
   parts, means = [], {}
   for kind in ('generative_judge', 'bradley_terry'):
     rows = by.get(kind, [])
@@ -163,8 +171,9 @@ def _if_hurts(files):
   rep = _load(next(f for f in files if f.endswith('report.json')))
   reruns = [_row(_load(f), 'preference') for f in files
             if '/if_rl/' in f and f.endswith('rerun.json')]
-  rlhf = [_row(_load(f), 'preference') for f in files
-          if '/rlhf_kl/kl0.1' in f]
+  rlhf = _rlhf_runs([f for f in files if '/rlhf/' in f],
+                    reward='generative_judge', kl='0.1').get(
+                        ('generative_judge', '0.1'), [])
   by = {s['name']: s for s in rep['stages']}
   pref = lambda n: by[n]['scores']['preference']['pass_rate']
   drops = [r['change'] for r in reruns]
@@ -181,10 +190,8 @@ def _if_hurts(files):
 
 
 def _kl(files):
-  by = {}
-  for f in files:
-    kl = os.path.basename(os.path.dirname(f)).split('_')[0][2:]
-    by.setdefault(kl, []).append(_row(_load(f), 'preference'))
+  by = {k: rows for (_, k), rows in _rlhf_runs(
+      files, reward='generative_judge').items()}
   parts = []
   for kl in sorted(by, key=float):
     changes = [r['change'] for r in by[kl]]
@@ -215,20 +222,20 @@ CLAIMS = [
           'python -m experiments.judge_agreement --run=runs/cascade '
           '--workdir=runs/agreement', _judge),
     Claim('RLHF with the judge (the paper) vs a Bradley-Terry model',
-          f'{RESULTS}/rlhf_reward/*/rerun.json',
+          f'{RESULTS}/rlhf/*_kl0.1_*/rerun.json',
           'python -m experiments.rerun_stage --run=runs/cascade --stage=rlhf '
-          '--config.stages.rlhf.reward=R --stage_seed=S '
-          '--workdir=runs/rlhf_R_S', _rlhf_reward),
+          '[--config.stages.rlhf.reward=bradley_terry] --stage_seed=S '
+          '--workdir=runs/rlhf/judge_kl0.1_seedS', _rlhf_reward),
     Claim('IF-RL hurts alignment; RLHF recovers it',
           f'{RESULTS}/main_job/report.json|{RESULTS}/if_rl/*/rerun.json|'
-          f'{RESULTS}/rlhf_kl/*/rerun.json',
+          f'{RESULTS}/rlhf/judge_kl0.1_*/rerun.json',
           'python -m experiments.rerun_stage --run=runs/cascade --stage=if_rl '
           '--stage_seed=S --workdir=runs/if_rl_S', _if_hurts),
     Claim("RLHF's KL coefficient: 0.03 (paper) vs 0.1 (this repository)",
-          f'{RESULTS}/rlhf_kl/*/rerun.json',
+          f'{RESULTS}/rlhf/judge_*/rerun.json',
           'python -m experiments.rerun_stage --run=runs/cascade --stage=rlhf '
           '--config.stages.rlhf.rl.kl_coef=K --stage_seed=S '
-          '--workdir=runs/rlhf_kl_K_S', _kl),
+          '--workdir=runs/rlhf/judge_klK_seedS', _kl),
 ]
 
 

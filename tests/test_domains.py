@@ -1,6 +1,7 @@
 """Domains: generators, verifiers, the record format and the loader."""
 
 import json
+import re
 
 import pytest
 
@@ -113,9 +114,30 @@ def test_split_by_prompt_shares_problems_but_not_prompts():
     domains.generate('math', split='eval', n=1, split_by='answer')
 
 
+@pytest.mark.parametrize('level', [1, 2, 3, 4, 5])
+def test_math_references_are_right_and_levels_1_to_3_count(level):
+  recs = domains.generate('math', split='train', n=200, seed=3,
+                          levels=(level,), split_by='prompt')
+  scores = domains.get('math').verify(recs, [r['response'] for r in recs])
+  assert all(s.passed for s in scores)
+  for r in recs:
+    think = re.search(r'<think>(.*)</think>', r['response'])
+    assert (think is not None) == (level <= 3), r
+    if level <= 3:
+      # The count: consecutive numbers, one step each, ending on the
+      # answer (its numerator for a fraction).
+      steps = [int(x) for x in think.group(1).split(':')[1].split(',')]
+      assert all(abs(b - a) == 1 for a, b in zip(steps, steps[1:]))
+      assert len(steps) <= 4
+      boxed = _base.last_boxed(r['response'])
+      assert str(steps[-1]) == boxed.split('/')[0]
+  with pytest.raises(ValueError, match='no level 6'):
+    domains.generate('math', split='train', n=1, seed=0, levels=(6,))
+
+
 def test_exhausted_problem_space_is_a_clear_error():
   with pytest.raises(ValueError, match='found only .* distinct'):
-    domains.generate('math', split='eval', n=500, seed=0, levels=(1,))
+    domains.generate('math', split='eval', n=500, seed=0, levels=(2,))
 
 
 @pytest.mark.parametrize('gold, pred, ok', [

@@ -120,3 +120,13 @@ def test_judge_agreement_ranks_pairs_beside_bradley_terry(quick_cascade,
     assert 0.0 <= res['pairs'][k] <= 1.0
   assert res['samples']['of_prompts'] == 16
   assert 'Bradley-Terry' in r.stdout
+
+
+def test_readme_status_is_written_from_the_results():
+  # Every row of the README's status table is what the committed result
+  # files say (python -m experiments.status --write), and every claim has
+  # its files.
+  r = _run('experiments.status', '--check')
+  assert r.returncode == 0, r.stderr
+  r = _run('experiments.status')
+  assert 'not measured' not in r.stdout, r.stdout

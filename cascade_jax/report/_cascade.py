@@ -172,6 +172,10 @@ def stage_panel(record: dict, metrics_path: str,
   if record['kind'] == 'mopd':
     signal = ('reverse KL to teachers',) + read_metrics(metrics_path,
                                                         'reverse_kl')
+  elif by_name.get(record.get('reward_model'), {}).get('kind') == 'judge':
+    # A judge's reward is a win rate within the group: its mean is 0.5 at
+    # every step; the drift from the reference says what RLHF did.
+    signal = ('KL to reference',) + read_metrics(metrics_path, 'kl')
   elif record.get('reward_model'):
     signal = ('reward-model score',) + read_metrics(metrics_path,
                                                     'reward_mean')

@@ -102,6 +102,7 @@ def plot_stage_panels(panels: Sequence[StagePanel], path: str, *,
       ev.set_ylabel('eval pass@1', fontsize=7)
       ev.set_ylim(0, 1)
       ev.tick_params(labelsize=7)
+    top.ticklabel_format(axis='y', useOffset=False)
     top.tick_params(labelsize=7, labelbottom=False)
     top.grid(alpha=0.3)
     mx, my = p.mismatch
