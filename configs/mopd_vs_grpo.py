@@ -38,18 +38,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The cascade's MOPD stage: 16 prompts x 4 samples, 48 new tokens.
   c.base.rl.prompts_per_step, c.base.rl.rollouts_per_prompt = 16, 4
   c.base.rl.max_new_tokens = 48
-  # Per arm: its own rl settings on top of base.rl (MOPD as in the cascade:
-  # no group filter, a cut response still teaches per token).
+  # Per arm: its rl (and optim) settings on top of base's (MOPD as in the
+  # cascade: no group filter, a cut response still teaches per token).
+  # More arms are a flag away, e.g. MOPD at another learning rate:
+  #   --config.arms.mopd_lr1e3='{"rl": {"algorithm": "mopd", ...}, ...}'
+  # or in a copy of this file.
   c.arms = ml_collections.ConfigDict(dict(
-      grpo=dict(algorithm='grpo'),
-      mopd=dict(algorithm='mopd', dynamic_filtering=False, overlong='none')))
+      grpo=dict(rl=dict(algorithm='grpo'), optim=dict()),
+      mopd=dict(rl=dict(algorithm='mopd', dynamic_filtering=False,
+                        overlong='none'), optim=dict())))
+  if arg == 'lr':
+    # MOPD's per-token advantage (log pi_teacher - log pi_student) is not
+    # normalised as GRPO's group advantage is: the same lr moves it less.
+    c.arms.mopd_lr1e3 = ml_collections.ConfigDict(dict(
+        rl=dict(algorithm='mopd', dynamic_filtering=False, overlong='none'),
+        optim=dict(lr=1e-3)))
   if arg == 'quick':
     c.seeds = (0,)
     c.base.steps, c.base.eval_every, c.base.eval_n = 2, 1, 8
     c.base.checkpoint_every = 2
     c.base.rl.prompts_per_step, c.base.rl.max_new_tokens = 2, 16
-  elif arg:
-    raise ValueError(f'configs/mopd_vs_grpo.py: unknown argument {arg!r}')
+  elif arg not in (None, '', 'lr'):
+    raise ValueError(f'configs/mopd_vs_grpo.py: unknown argument {arg!r} '
+                     '(known: quick, lr)')
   return c
 
 

@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = 'docs/results/claims_2026-12-02'
 BEGIN = '<!-- status:begin (python -m experiments.status --write) -->'
 END = '<!-- status:end -->'
+NAMES = {'bradley_terry': 'Bradley-Terry', 'generative_judge': 'judge'}
 SHORT = {'instruction_following': 'IF', 'multi_domain': 'multi',
          'long_context': 'long', 'preference': 'pref'}
 
@@ -93,6 +94,8 @@ def _math(files):
   rep = _load(next(f for f in files if f.endswith('report.json')))
   sft = next(s for s in rep['stages'] if s['name'] == 'sft')['scores']['math']
   reruns = [_load(f) for f in files if f.endswith('rerun.json')]
+  weights = next((_load(f)['results'] for f in files
+                  if f.endswith('sft_math_weight.json')), {})
   rows = [_row(r, 'math') for r in reruns]
   ch = [r['change'] for r in rows]
   beyond = sum(abs(r['change']) > 2 * r['se'] and r['change'] > 0
@@ -102,7 +105,9 @@ def _math(files):
           f"math (`math_rl`, 30 steps from SFT, {len(rows)} seeds): "
           + ', '.join(f"{r['before']:.3f} -> {r['after']:.3f} ({r['change']:+.3f}"
                       f", 2 SE {2 * r['se']:.3f})" for r in rows)
-          + (f'; mean {np.mean(ch):+.3f}' if ch else ''))
+          + (f'; mean {np.mean(ch):+.3f}' if ch else '')
+          + ''.join(f"; SFT at math {w}: {v['pass_at_1_t1']:.3f}"
+                    for w, v in weights.items()))
   ok = in_band and rows and beyond == len(rows)
   return text, 'holds' if ok else 'partly' if beyond or in_band else 'no'
 
@@ -164,7 +169,8 @@ def _rlhf_reward(files):
                  f"seeds; {n_up} up beyond 2 SE)")
   text = 'RLHF from MOPD, rule-judge pass@1: ' + '; '.join(parts)
   better = (means.get('generative_judge', -1) >= means.get('bradley_terry', 9))
-  return text, 'judge ahead' if better else 'Bradley-Terry ahead'
+  return text, ('holds: judge ahead' if better else
+                'no: Bradley-Terry ahead (the default here)')
 
 
 def _if_hurts(files):
@@ -190,17 +196,20 @@ def _if_hurts(files):
 
 
 def _kl(files):
-  by = {k: rows for (_, k), rows in _rlhf_runs(
-      files, reward='generative_judge').items()}
-  parts = []
-  for kl in sorted(by, key=float):
-    changes = [r['change'] for r in by[kl]]
-    seeds = ', '.join(f'{c:+.3f}' for c in changes)
-    parts.append(f'KL {kl}: pref {np.mean(changes):+.3f} (seeds: {seeds})')
-  text = 'RLHF from MOPD: ' + '; '.join(parts)
-  means = {kl: np.mean([r['change'] for r in rows]) for kl, rows in by.items()}
-  best = max(means, key=means.get) if means else '?'
-  return text, f'{best} better here'
+  by = _rlhf_runs(files)
+  parts, means = [], {}
+  for reward in ('bradley_terry', 'generative_judge'):
+    for kl in sorted({k for r, k in by if r == reward}, key=float):
+      changes = [r['change'] for r in by[(reward, kl)]]
+      means[(reward, kl)] = float(np.mean(changes))
+      seeds = ', '.join(f'{c:+.3f}' for c in changes)
+      parts.append(f'{NAMES[reward]} KL {kl}: pref {np.mean(changes):+.3f} '
+                   f'({seeds})')
+  text = 'RLHF from MOPD, 15 steps: ' + '; '.join(parts)
+  from configs import cascade  # pylint: disable=g-import-not-at-top
+  default = {k: v for (r, k), v in means.items() if r == cascade.RLHF_REWARD}
+  best = max(default, key=default.get) if default else '?'
+  return text, f'KL {best} better here ({NAMES.get(cascade.RLHF_REWARD)})'
 
 
 CLAIMS = [
@@ -208,7 +217,8 @@ CLAIMS = [
           f'{RESULTS}/main_job/report.json', 'bash scripts/main.sh',
           _main_job),
     Claim('SFT leaves math part-learned; GRPO on math improves it',
-          f'{RESULTS}/main_job/report.json|{RESULTS}/math_rl/*/rerun.json',
+          f'{RESULTS}/main_job/report.json|{RESULTS}/math_rl/*/rerun.json|'
+          f'{RESULTS}/math_levels/sft_math_weight.json',
           'python -m experiments.rerun_stage --run=runs/cascade '
           '--stage=math_rl --config.order=sft,math_rl --stage_seed=S '
           '--workdir=runs/math_rl/seedS', _math),
@@ -232,10 +242,10 @@ CLAIMS = [
           'python -m experiments.rerun_stage --run=runs/cascade --stage=if_rl '
           '--stage_seed=S --workdir=runs/if_rl_S', _if_hurts),
     Claim("RLHF's KL coefficient: 0.03 (paper) vs 0.1 (this repository)",
-          f'{RESULTS}/rlhf/judge_*/rerun.json',
+          f'{RESULTS}/rlhf/*/rerun.json',
           'python -m experiments.rerun_stage --run=runs/cascade --stage=rlhf '
           '--config.stages.rlhf.rl.kl_coef=K --stage_seed=S '
-          '--workdir=runs/rlhf/judge_klK_seedS', _kl),
+          '--workdir=runs/rlhf/bt_klK_seedS', _kl),
 ]
 
 

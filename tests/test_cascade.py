@@ -30,10 +30,14 @@ def test_default_order_follows_the_paper():
                                  'preference': 'rlhf_branch'}
   kinds = {'generative_judge': 'judge', 'bradley_terry': 'rm'}
   assert by['rlhf'].reward_model == kinds[cascade_config.RLHF_REWARD]
-  assert by['judge'].branch and by['judge'].init_from == 'sft'
   assert 'reward' not in by['rlhf'].config      # the cascade's, resolved
-  c = cascade_config.get_config()
-  for reward, stage in kinds.items():    # one flag switches the reward
+  # `:judge`: the paper's generative judge, a branch off SFT, is both RLHF
+  # stages' reward; a stage's `reward` switches it back.
+  c = cascade_config.get_config('judge')
+  by = {s.name: s for s in cascade.plan(c)}
+  assert by['judge'].branch and by['judge'].init_from == 'sft'
+  assert by['rlhf'].reward_model == by['rlhf_branch'].reward_model == 'judge'
+  for reward, stage in kinds.items():
     c.stages.rlhf.reward = reward
     assert {s.name: s for s in cascade.plan(c)}['rlhf'].reward_model == stage
   assert by['rlhf'].config.rl.kl_coef == cascade_config.RLHF_KL > 0

@@ -146,3 +146,30 @@ def test_judge_stage_trains_and_serves_as_reward(quick_sft_run, tmp_path):
   # A score does not depend on the rest of the batch (no token dropped).
   np.testing.assert_allclose(fn(recs[:3], resp[:3]), r[:3], atol=1e-5)
   assert fn.last_dropped == 0.0
+
+
+def test_rl_stage_learns_from_the_judge(quick_sft_run, tmp_path):
+  # An RLHF step with the judge as its reward: on-policy, nothing dropped,
+  # the reward a win rate in [0, 1] around 0.5.
+  from cascade_jax import rl
+  from configs import judge as judge_config
+  from configs import rl as rl_config
+  jc = judge_config.get_config('quick')
+  jc.mesh = type(jc.mesh)({})
+  jc.init_from = quick_sft_run
+  reward_model.judge_train_run(jc, str(tmp_path / 'judge'))
+  c = rl_config.get_config('quick')
+  c.mesh = type(c.mesh)({})
+  c.init_from, c.reward_model = quick_sft_run, str(tmp_path / 'judge')
+  c.data.domain, c.data.levels = 'preference', (1, 2, 3)
+  c.rl.kl_coef, c.rl.dynamic_filtering, c.rl.overlong = 0.1, False, 'none'
+  c.steps, c.eval_n = 2, 0
+  rl.run(c, str(tmp_path / 'rlhf'))
+  rows = [json.loads(l) for l in open(tmp_path / 'rlhf' / 'rl_metrics.jsonl')]
+  steps = [r for r in rows if 'reward_mean' in r]
+  assert len(steps) == 2
+  for r in steps:
+    assert r['sampler_mismatch_max'] <= 1e-5, r
+    assert r['dropped_reward_model'] == 0.0
+    assert r['reward_mean'] == pytest.approx(0.5, abs=1e-5)   # win rates
+    assert 'kl' in r
