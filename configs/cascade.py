@@ -38,7 +38,10 @@ DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
 # MOPD checkpoint, 256 prompts x 2 samples; 0.05: 0.52 -> 0.52); at 0.1 the
 # same stage went 0.52 -> 0.74 and 0.77 (two seeds), the RLHF branch from
 # SFT 0.52 -> 0.74 (0.67 at 0.03). --config.stages.rlhf.rl.kl_coef=0.03
-# restores the paper's value.
+# restores the paper's value. On 2026-12-02 (15 steps from one MOPD
+# checkpoint, 3 seeds, docs/results/claims_2026-12-02/rlhf/) 0.03 gave
+# +0.282 against 0.1's +0.250, higher in every seed: a main job at 0.03 is
+# the next measurement before the default moves.
 RLHF_KL = 0.1
 # The RLHF stages' reward: 'bradley_terry' (the `rm` stage's scalar score)
 # or 'generative_judge' (the paper's: the `judge` stage compares each

@@ -63,6 +63,12 @@ def summarize(reached: list, horizon: int) -> dict:
                                            for s in reached])))
 
 
+def _ratio(a, b):
+  """a / b, or None when either is missing or b is 0 (e.g. a student that
+  starts at its teacher's score: 0 steps each)."""
+  return a / b if a is not None and b else None
+
+
 def _arm_config(c, arm: str, seed: int) -> ml_collections.ConfigDict:
   rc = ml_collections.ConfigDict(c.base.to_dict())
   rc.seed = seed
@@ -134,14 +140,14 @@ def main(argv):
   ratio = None
   if g and m:
     ratio = dict(
-        reached_only=(m['mean'] / g['mean'] if m['mean'] and g['mean']
-                      else None),
-        censored=m['mean_censored'] / g['mean_censored'],
+        reached_only=_ratio(m['mean'], g['mean']),
+        censored=_ratio(m['mean_censored'], g['mean_censored']),
         note=('censored: a seed that did not reach the teacher counts as '
               f'{horizon} steps (a lower bound), so with GRPO censored the '
               'ratio is an upper bound'))
     for key, arms in by_fraction.items():
-      ratio[key] = arms['mopd']['mean_censored'] / arms['grpo']['mean_censored']
+      ratio[key] = _ratio(arms['mopd']['mean_censored'],
+                          arms['grpo']['mean_censored'])
   start = float(np.mean([runs[s][next(iter(c.arms))]['scores'][0]
                          for s in seeds]))
   teacher_mean = float(np.mean([runs[s]['teacher']['score'] for s in seeds]))
@@ -183,8 +189,11 @@ def main(argv):
                                      for x in s['per_seed'])
         + f" (mean {s['mean_censored']:.1f})" for arm, s in arms.items()))
   if ratio:
-    print(f"MOPD / GRPO steps to the teacher: {ratio['reached_only']} (seeds "
-          f"that reached it), {ratio['censored']:.2f} ({ratio['note']})")
+    fmt = lambda x: '-' if x is None else f'{x:.2f}'
+    print(f"MOPD / GRPO steps to the teacher: {fmt(ratio['reached_only'])} "
+          f"(seeds that reached it), {fmt(ratio['censored'])} "
+          f"({ratio['note']}); to 90% of the gap: "
+          f"{fmt(ratio.get('90pct_gap'))}")
   print(f'plot: {png}')
 
 
@@ -194,8 +203,11 @@ def plot(results: dict, path: str) -> str:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+  palette = ['tab:green', 'tab:red', 'tab:purple', 'tab:brown']
   colors = {'grpo': 'tab:blue', 'mopd': 'tab:orange'}
   for arm in results['steps_to_teacher']:
+    if arm not in colors:
+      colors[arm] = palette[(len(colors) - 2) % len(palette)]
     curves = [results['runs'][str(s)][arm] for s in results['seeds']]
     steps = curves[0]['steps']
     ys = np.asarray([cv['scores'][:len(steps)] for cv in curves])
