@@ -126,7 +126,7 @@ def test_packed_loss_equals_unpacked_per_example(tok):
   # example run alone: packing changes nothing but speed.
   cfg = model.tiny(vocab_size=tok.vocab_size)
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  ds, _ = data.build_dataset(tok, SOURCES, seq_len=128, batch_size=2, seed=0)
+  ds, _ = data.build_dataset(tok, SOURCES, seq_len=256, batch_size=2, seed=0)
   batch = jax.tree.map(jnp.asarray, next(iter(ds)))
   logits, _ = m(batch['inputs'], positions_bt=batch['positions'],
                 segment_ids_bt=batch['segment_ids'])
