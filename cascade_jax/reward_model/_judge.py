@@ -46,11 +46,11 @@ import optax
 from flax import nnx
 
 from cascade_jax import data
-from cascade_jax import domains
 from cascade_jax import metrics as metrics_lib
 from cascade_jax import model as model_lib
 from cascade_jax import sharding
 from cascade_jax import train
+from cascade_jax.reward_model import _model
 
 MARKER = 'judge.json'          # in a judge's run directory: what it is
 FORMAT = 'pairwise_ab_v1'
@@ -325,7 +325,7 @@ def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (or resumes) the judge stage; returns its held-out agreement."""
   setup = train.Setup.create(config, workdir, name='judge')
   _, model, tok = setup.restore(config.init_from, record=True)
-  verdict_ids(tok)        # a tokenizer the judge cannot use fails here
+  ab = verdict_ids(tok)   # a tokenizer the judge cannot use fails here
   opt = train.make_optimizer(train.OptimConfig(**config.optim.to_dict()))
   graph, state = setup.init_state(model, opt)
   seq_len, max_reply = config.data.seq_len, config.data.max_reply_tokens
@@ -333,11 +333,7 @@ def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with open(os.path.join(workdir, MARKER), 'w') as f:
       json.dump(dict(format=FORMAT, seq_len=seq_len,
                      max_reply_tokens=max_reply), f, indent=2)
-  gen = dict(levels=tuple(config.data.levels))
-  pairs = domains.generate('preference', split='train', n=config.data.n_train,
-                           seed=config.seed, **gen)
-  held_out = domains.generate('preference', split='eval', n=config.eval_n,
-                              seed=config.seed, **gen)
+  pairs, held_out = _model.preference_splits(config)
   items = training_items(pairs, np.random.default_rng(config.seed),
                          cross_prompt=config.data.cross_prompt_negatives)
   rows_multiple = 1 if setup.ctx is None else setup.ctx.shards('batch')
@@ -352,22 +348,15 @@ def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   before = agreement(judge_now(), held_out) if start == 0 else None
   writer = setup.writer()
   progress = metrics_lib.Progress(config.steps, label='judge', start=start)
-  bs = config.batch_size
-  for step in range(start, config.steps):
-    lo = (step * bs) % max(len(items) - bs, 1)
-    chunk = items[lo:lo + bs]
+  def batch_at(lo, hi):
+    chunk = items[lo:hi]
     t, last = encode_judgements(tok, [x for x, _ in chunk], seq_len, max_reply)
-    batch = dict(tokens=t, last=last,
-                 target=np.asarray([verdict_ids(tok)[v] for _, v in chunk],
-                                   np.int32))
-    state, m = _train_step(state, setup.put(batch), graph=graph, opt=opt)
-    m = {k: float(v) for k, v in sharding.to_host(m).items()}
-    writer.write(step + 1, m)
-    if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-      progress.update(step + 1, m)
-    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-      setup.save(step + 1, state, {'data_position': step + 1})
-  setup.ckpt.wait()
+    return dict(tokens=t, last=last,
+                target=np.asarray([ab[v] for _, v in chunk], np.int32))
+
+  state = _model.fit(setup, state, config, start, writer, progress, batch_at,
+                     len(items), functools.partial(_train_step, graph=graph,
+                                                   opt=opt))
   t0 = time.perf_counter()
   after = agreement(judge_now(), held_out)
   writer.write(config.steps, {f'eval/{k}': v for k, v in after.items()})

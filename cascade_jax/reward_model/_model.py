@@ -143,6 +143,36 @@ def accuracy(graph, state, tok, records, seq_len, batch_size=128,
   return float(np.mean(hits))
 
 
+def preference_splits(config) -> tuple[list[dict], list[dict]]:
+  """A preference stage's training pairs and held-out pairs."""
+  gen = dict(levels=tuple(config.data.levels))
+  pairs = domains.generate('preference', split='train', n=config.data.n_train,
+                           seed=config.seed, **gen)
+  held_out = domains.generate('preference', split='eval', n=config.eval_n,
+                              seed=config.seed, **gen)
+  return pairs, held_out
+
+
+def fit(setup, state, config, start: int, writer, progress, batch_at,
+        n_items: int, step_fn):
+  """The preference stages' loop (reward model, judge): from `start` to
+  config.steps, batch `batch_at(lo, hi)` of items [lo, hi) taken in order
+  (wrapping), a `step_fn(state, batch) -> (state, metrics)` each, logged,
+  checkpointed with the data position. Returns the final state."""
+  bs = config.batch_size
+  for step in range(start, config.steps):
+    lo = (step * bs) % max(n_items - bs, 1)
+    state, m = step_fn(state, setup.put(batch_at(lo, lo + bs)))
+    m = {k: float(v) for k, v in sharding.to_host(m).items()}
+    writer.write(step + 1, m)
+    if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+      progress.update(step + 1, m)
+    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+      setup.save(step + 1, state, {'data_position': step + 1})
+  setup.ckpt.wait()
+  return state
+
+
 def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (or resumes) the reward model stage; returns {'accuracy', ...}."""
   setup = train.Setup.create(config, workdir, name='rm')
@@ -152,11 +182,7 @@ def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     sharding.shard_model(rm, setup.ctx)
   opt = train.make_optimizer(train.OptimConfig(**config.optim.to_dict()))
   graph, state = setup.init_state(rm, opt)
-  gen = dict(levels=tuple(config.data.levels))
-  pairs = domains.generate('preference', split='train', n=config.data.n_train,
-                           seed=config.seed, **gen)
-  held_out = domains.generate('preference', split='eval', n=config.eval_n,
-                              seed=config.seed, **gen)
+  pairs, held_out = preference_splits(config)
   state, extra = setup.resume(state)
   start = 0 if extra is None else setup.ckpt.latest_step()
   writer = setup.writer()
@@ -164,20 +190,12 @@ def train_run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                   start=start)
   acc0 = accuracy(graph, state, tok, held_out, config.data.seq_len,
                   put=setup.put)
-  bs = config.batch_size
-  for step in range(start, config.steps):
-    lo = (step * bs) % max(len(pairs) - bs, 1)
-    batch = _pair_batch(tok, list(pairs[lo:lo + bs]), config.data.seq_len,
-                        cross_prompt=config.data.get('cross_prompt_negatives',
-                                                     False))
-    state, m = _train_step(state, setup.put(batch), graph=graph, opt=opt)
-    m = {k: float(v) for k, v in sharding.to_host(m).items()}
-    writer.write(step + 1, m)
-    if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-      progress.update(step + 1, m)
-    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-      setup.save(step + 1, state, {'data_position': step + 1})
-  setup.ckpt.wait()
+  cross = config.data.get('cross_prompt_negatives', False)
+  state = fit(setup, state, config, start, writer, progress,
+              lambda lo, hi: _pair_batch(tok, list(pairs[lo:hi]),
+                                         config.data.seq_len,
+                                         cross_prompt=cross),
+              len(pairs), functools.partial(_train_step, graph=graph, opt=opt))
   t0 = time.perf_counter()
   acc = accuracy(graph, state, tok, held_out, config.data.seq_len,
                  put=setup.put)
