@@ -50,7 +50,7 @@ lm = model.Transformer(cfg, rngs=nnx.Rngs(0))
 tokens = jax.random.randint(jax.random.key(0), (8, 64), 0, cfg.vocab_size)
 logits, info = lm(tokens)
 load = np.asarray(info['router']['load'])
-print('expert_idx', info['expert_idx'].shape, '(MoE layers, batch, seq, top-k)')
+print('expert_idx', info['expert_idx'].shape, '(batch, seq, MoE layers, top-k)')
 
 fig, axes = plt.subplots(1, len(load), figsize=(8, 2.5), sharey=True)
 for i, (ax, l) in enumerate(zip(axes, load)):

@@ -51,8 +51,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (each a third of the plan's compile time) stand for the others'.
     c.cost_meshes = 'v5p-64'
     c.shapes = ml_collections.ConfigDict(dict(
-        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rollout_rows=8,
-        prompt_len=2048, cache_len=8192))
+        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rl_micro_batches=1,
+        rollout_rows=8, prompt_len=2048, cache_len=8192))
+  elif arg == 'qwen3_30b_a3b_micro':
+    # The GRPO update over more rollouts per device than fit at once, in
+    # micro-batches (one optimizer step, gradients accumulated): rollouts
+    # per device x micro-batches, on v5p-8 (8 chips, FSDP 8).
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.only, c.cost_meshes = 'grpo', 'v5p-8', 'none'
+    c.variants = ml_collections.ConfigDict({
+        f'{rows}x{k}': dict(rl_rows=rows, rl_micro_batches=k)
+        for rows, k in ((1, 1), (4, 1), (4, 4), (16, 1), (16, 4), (16, 16))})
   elif arg == 'nemotron3_nano_30b_a3b':
     # The paper's base model: 23 Mamba-2, 23 MoE, 6 attention layers. Its
     # pattern has no repeating unit, so the layers run unrolled (scanning
@@ -64,7 +73,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
     c.shapes = ml_collections.ConfigDict(dict(
-        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rollout_rows=8,
+        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rl_micro_batches=1,
+        rollout_rows=8,
         prompt_len=2048, cache_len=8192))
   elif arg == 'small_hybrid':
     # The hybrid main job's model on 8 fake devices (the test size).
@@ -76,7 +86,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.meshes = ml_collections.ConfigDict({
         'fsdp2_tensor2_expert2': dict(fsdp=2, tensor=2, expert=2)})
     c.shapes = ml_collections.ConfigDict(dict(
-        sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rollout_rows=2,
+        sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rl_micro_batches=1,
+        rollout_rows=2,
         prompt_len=32, cache_len=64))
   elif arg == 'small':
     # The main job's model on 8 fake devices, two meshes (the test size).
@@ -89,10 +100,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         'data2_expert4': dict(data=2, expert=4),
         'fsdp2_tensor2_expert2': dict(fsdp=2, tensor=2, expert=2)})
     c.shapes = ml_collections.ConfigDict(dict(
-        sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rollout_rows=2,
+        sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rl_micro_batches=1,
+        rollout_rows=2,
         prompt_len=32, cache_len=64))
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
-                     'qwen3_30b_a3b, nemotron3_nano_30b_a3b, small, '
-                     'small_hybrid)')
+                     'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
+                     'nemotron3_nano_30b_a3b, small, small_hybrid)')
   return c

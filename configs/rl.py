@@ -28,7 +28,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
       temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16, kl_coef=0.0,
-      clip_eps_low=0.2, clip_eps_high=0.2, updates_per_batch=1,
+      clip_eps_low=0.2, clip_eps_high=0.2, updates_per_batch=1, micro_batches=1,
       advantage_scale='std', dynamic_filtering=True, max_refill_rounds=2,
       overlong='penalty', routing_replay=True, mopd_reward_weight=0.0,
       trim_bucket=0))

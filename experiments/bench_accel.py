@@ -22,6 +22,7 @@ from cascade_jax import model as model_lib
 from cascade_jax import ops
 from cascade_jax import rollout
 from cascade_jax import utils
+from experiments import moe_benchmarks
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/bench_accel.py', 'Benchmark config.', lock_config=True)
@@ -50,7 +51,7 @@ def train_flops_per_token(cfg: model_lib.ModelConfig, seq_len: int) -> float:
 
 
 def moe_rows(c) -> list[list]:
-  rows = model_lib.moe_layer_benchmark(
+  rows = moe_benchmarks.moe_layer_benchmark(
       dtype=c.dtype, repeats=c.repeats, matmul_size=4096 if c.dtype ==
       'bfloat16' else 512, **c.moe.to_dict())
   out = []

@@ -16,7 +16,6 @@ from flax import nnx
 
 from cascade_jax import model
 from cascade_jax import sft
-from cascade_jax.sft import _trainer
 from cascade_jax import train
 from cascade_jax import utils
 
@@ -34,10 +33,9 @@ def _compile_s(cfg) -> tuple[float, float]:
       'inputs', 'targets', 'positions', 'segment_ids', 'mask')}
   t0 = time.perf_counter()
   sft.train_step.lower(state, batch, graph=graph, opt=opt, accum=1,
-                       bias_rate=1e-3, n_moe=cfg.pattern.count('E'),
-                       num_experts=cfg.moe.num_experts).compile()
+                       bias_rate=1e-3, n_moe=cfg.pattern.count('E')).compile()
   step_s = time.perf_counter() - t0
-  grad = jax.jit(jax.grad(lambda p, b: _trainer._loss_fn(  # pylint: disable=protected-access
+  grad = jax.jit(jax.grad(lambda p, b: sft.loss_fn(
       p, state.rest, graph, b, 1.0, 1.0)[0]))
   t0 = time.perf_counter()
   grad.lower(state.params, batch).compile()

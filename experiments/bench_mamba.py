@@ -25,7 +25,6 @@ from flax import nnx
 from cascade_jax import model
 from cascade_jax import ops
 from cascade_jax import utils
-from cascade_jax.model._attention import Attention
 
 _SEQ = flags.DEFINE_list('seq_lens', ['512', '1024', '2048', '4096', '8192'],
                          'Sequence lengths.')
@@ -68,8 +67,7 @@ def _decode(layer, kind, cfg, t):
   graph, params = nnx.split(layer)
   x = jnp.ones((1, 1, cfg.embed_dim), jnp.float32)
   if kind == 'mamba':
-    from cascade_jax.model import _mamba  # pylint: disable=g-import-not-at-top
-    state = _mamba.init_state(cfg, 1, jnp.float32)
+    state = model.mamba_init_state(cfg, 1, jnp.float32)
 
     @jax.jit
     def f(params, x, state):
@@ -108,7 +106,7 @@ def main(argv):
   cfg = _cfg(d)
   m = cfg.mamba
   mamba = model.Mamba2(cfg, rngs=nnx.Rngs(0))
-  attn = Attention(cfg, rngs=nnx.Rngs(1))
+  attn = model.Attention(cfg, rngs=nnx.Rngs(1))
   print(f'width {d}; attention {cfg.num_heads} x {cfg.head_dim} '
         f'(kv {cfg.num_kv_heads}); Mamba-2 {m.num_heads} x {m.head_dim}, '
         f'state {m.state_dim}, groups {m.num_groups}, chunk {m.chunk_size}; '

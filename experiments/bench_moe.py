@@ -9,8 +9,8 @@ from ml_collections import config_flags
 
 import jax
 
-from cascade_jax import model
 from cascade_jax import utils
+from experiments import moe_benchmarks
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/bench_moe.py', 'Benchmark config.', lock_config=True)
@@ -25,7 +25,7 @@ def main(argv):
         f'(jax {jax.__version__}): {c.tokens} tokens, embed {c.embed_dim}, '
         f'{c.num_experts} experts x width {c.expert_dim}, top-{c.top_k}, '
         f'{c.activation}, capacity factor {c.capacity_factor}, {c.dtype}')
-  rows = model.moe_layer_benchmark(**c.to_dict())
+  rows = moe_benchmarks.moe_layer_benchmark(**c.to_dict())
   print(utils.format_table(
       ['path', 'ms', 'x ideal', 'GFLOP/s', 'of matmul peak', 'dropped'],
       [[r['path'], r['seconds'] * 1e3, r['ratio'], r['gflops'], r['of_peak'],

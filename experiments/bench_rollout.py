@@ -19,6 +19,7 @@ from cascade_jax import checkpoint
 from cascade_jax import model as model_lib
 from cascade_jax import rollout
 from cascade_jax import utils
+from experiments import moe_benchmarks
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/bench_rollout.py', 'Benchmark config.',
@@ -93,7 +94,7 @@ def main(argv):
       ['batch', 'ours tok/s', 'transformers tok/s', 'speed-up',
        'same tokens', 'ours fixed ms', 'ours ms/step'], rows))
   # Where the decode step's MoE time goes: one layer, kernel vs XLA layouts.
-  moe = rollout.moe_decode_benchmark(
+  moe = moe_benchmarks.moe_decode_benchmark(
       batch_sizes=c.batch_sizes, embed_dim=c.embed_dim,
       expert_dim=c.expert_dim, num_experts=c.num_experts, top_k=c.top_k,
       activation=cfg.moe.activation, steps=c.new_tokens)

@@ -3,14 +3,12 @@
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from cascade_jax import data
 from cascade_jax import domains
-from cascade_jax import losses
 from cascade_jax import model
 from cascade_jax import rl
 from cascade_jax import rollout
@@ -76,11 +74,13 @@ def test_episodes_run_several_turns_and_end_for_a_reason(setup, episodes):
 def test_the_mask_covers_exactly_the_models_tokens(setup, episodes):
   tok, _ = setup
   _, eps = episodes
-  batch = rollout.episode_batch(eps, EC.max_tokens - 1)
+  batch = rl.from_episodes(eps, EC.max_tokens - 1)
+  assert batch.domains == tuple(e.record['domain'] for e in eps)
   for i, e in enumerate(eps):
     n = len(e.tokens) - 1
-    assert batch['mask'][i].sum() == sum(e.model)
-    assert not batch['mask'][i, n:].any() and not batch['segment_ids'][i, n:].any()
+    assert batch.mask[i].sum() == sum(e.model)
+    assert not batch.mask[i, n:].any() and not batch.segment_ids[i, n:].any()
+    assert batch.rewards[i] == e.reward
     # Between replies: the observation, as the chat template encodes it.
     toks, model_ = np.asarray(e.tokens), np.asarray(e.model)
     starts = np.flatnonzero(np.diff(model_) == -1) + 1   # reply -> observation
@@ -120,11 +120,12 @@ def test_collect_runs_a_stage_of_episodes_with_groups(setup):
   ec = c.episode_config(['swe_agent', 'tool_use'])
   assert (ec.max_turns, ec.max_tokens) == (5, 448)   # the domains' defaults
   ec = dataclasses.replace(ec, max_turns=3, max_tokens=320)
-  batch, rewards, got, stats = rl.collect(m, tok, rl.PromptStream(recs), c,
-                                          jax.random.key(0), episodes=ec)
-  assert batch['mask'].shape == (8, 319) and rewards.shape == (8,)
+  batch, stats = rl.collect(m, tok, rl.PromptStream(recs), c,
+                            jax.random.key(0), episodes=ec)
+  assert batch.mask.shape == (8, 319) and batch.rewards.shape == (8,)
+  assert batch.expert_idx.shape[:2] == (8, 319)      # batch-major routing
   assert len(stats['turns']) == 8 and set(stats['ends']) <= set(rollout.ENDS)
-  assert [r['id'] for r in got][::2] == [r['id'] for r in got][1::2]
+  assert batch.domains[::2] == batch.domains[1::2]   # groups of one record
 
 
 def test_a_budget_that_cannot_hold_a_reply_is_refused(setup):
@@ -143,11 +144,9 @@ def _mismatch(m, eps):
   graph, state = train.init_state(m, opt)
   c = rl.RLConfig(prompts_per_step=len(eps) // 2, rollouts_per_prompt=2,
                   max_new_tokens=EC.max_new_tokens)
-  batch = rollout.episode_batch(eps, EC.max_tokens - 1)
-  rewards = np.arange(len(eps)) % 2
-  batch['advantages'] = np.asarray(losses.group_advantages(
-      jnp.asarray(rewards, jnp.float32), 2))
-  _, met = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
+  batch = rl.from_episodes(eps, EC.max_tokens - 1)
+  batch = batch.replace(rewards=(np.arange(len(eps)) % 2).astype(np.float32))
+  _, met = rl.Learner(graph, opt, c).step(state, batch)
   return met
 
 

@@ -95,16 +95,24 @@ def test_prefill_then_decode_equals_full_forward(hf_dir):
   from cascade_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   path, _ = hf_dir
   cfg, model = _ours(path)
-  graph, state = __import__('flax').nnx.split(model)
-  fwd = jax.jit(lambda s, x, c: __import__('flax').nnx.merge(graph, s)(
-      x, cache=c))
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  graph, state = nnx.split(model)
+
+  def cached(s, x, start, c):   # the one forward over a KV cache
+    m = nnx.merge(graph, s)
+    b, t = x.shape
+    pos = jnp.broadcast_to(start + jnp.arange(t), (b, t))
+    return rollout.forward(m, x, positions_bt=pos,
+                           segment_ids_bt=jnp.ones((b, t), jnp.int32), cache=c,
+                           layouts=rollout.model_decode_weights(m, b))
+  fwd = jax.jit(cached, static_argnums=2)
   tokens = jnp.asarray(_tokens(27))
   full = _logits(model, tokens)
   cache = model_lib.init_cache(cfg, 2, 32)
-  logits, info = fwd(state, tokens[:, :19], cache)   # chunked prefill
+  logits, cache, _ = fwd(state, tokens[:, :19], 0, cache)   # chunked prefill
   steps = [logits]
   for t in range(19, 27):
-    lg, info = fwd(state, tokens[:, t:t + 1], info['cache'])
+    lg, cache, _ = fwd(state, tokens[:, t:t + 1], t, cache)
     steps.append(lg)
   np.testing.assert_allclose(np.asarray(jnp.concatenate(steps, 1)),
                              full, atol=1e-5, rtol=0)

@@ -13,7 +13,6 @@ import pytest
 from flax import nnx
 
 from cascade_jax import data
-from cascade_jax import losses
 from cascade_jax import model
 from cascade_jax import ops
 from cascade_jax import rl
@@ -35,6 +34,19 @@ def _jit(m):
   graph, state = nnx.split(m)
   f = jax.jit(lambda state, toks, kw: nnx.merge(graph, state)(toks, **kw))
   return lambda toks, **kw: f(state, toks, kw)
+
+
+def _cached(m):
+  """The one forward over a KV cache (the sampler's), jitted."""
+  graph, state = nnx.split(m)
+
+  def fwd(state, toks, pos, seg, cache):
+    mm = nnx.merge(graph, state)
+    return rollout.forward(mm, toks, positions_bt=pos, segment_ids_bt=seg,
+                           cache=cache, layouts=rollout.model_decode_weights(
+                               mm, toks.shape[0]))
+  f = jax.jit(fwd)
+  return lambda toks, pos, seg, cache: f(state, toks, pos, seg, cache)
 
 
 def _recurrence(x, dt, a, b, c, d, reset, init):
@@ -101,19 +113,18 @@ def test_packed_equals_unpacked():
 
 def test_left_padded_prefill_then_decode_equals_each_row_alone():
   cfg = _main_job_cfg().replace_moe(dispatch='dropless')
-  m = _jit(model.Transformer(cfg, rngs=nnx.Rngs(0)))
+  plain = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  m, cached = _jit(plain), _cached(plain)
   toks = _tokens(2, 45)
   # Row 0: a 30-token prompt left-padded to 40; row 1: 40 tokens.
   seg = jnp.asarray([[0] * 10 + [1] * 30, [1] * 40])
   pos = jnp.asarray([[0] * 10 + list(range(30)), list(range(40))])
   cache = model.init_cache(cfg, 2, 48)
-  _, info = m(toks[:, :40], positions_bt=pos, segment_ids_bt=seg, cache=cache)
+  _, cache, _ = cached(toks[:, :40], pos, seg, cache)
   got = []
   for i in range(40, 45):
-    lg, info = m(toks[:, i:i + 1],
-                 positions_bt=jnp.asarray([[i - 10], [i]]),
-                 segment_ids_bt=jnp.ones((2, 1), jnp.int32),
-                 cache=info['cache'])
+    lg, cache, _ = cached(toks[:, i:i + 1], jnp.asarray([[i - 10], [i]]),
+                          jnp.ones((2, 1), jnp.int32), cache)
     got.append(lg[:, 0])
   got = jnp.stack(got, 1)
   alone0, _ = m(toks[:1, 10:45])
@@ -165,13 +176,10 @@ def test_learner_equals_sampler_in_the_rl_loop(setup, top_p):
   c = rl.RLConfig(prompts_per_step=8, rollouts_per_prompt=8,
                   max_new_tokens=16, top_p=top_p, dynamic_filtering=False,
                   overlong='none')
-  batch, rewards, _, _ = rl.collect(
+  batch, _ = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0), reward_fn=lambda r, _: np.arange(len(r)) % 2)
-  batch['advantages'] = np.asarray(losses.group_advantages(
-      jnp.asarray(rewards), c.rollouts_per_prompt))
-  _, metrics = rl.update_minibatches(state, batch, graph=graph, opt=opt,
-                                     cfg=c)
+  _, metrics = rl.Learner(graph, opt, c).step(state, batch)
   assert metrics['sampler_mismatch_max'] <= 1e-5, metrics
   assert metrics['dropped_learner'] == 0.0
 
@@ -202,17 +210,19 @@ def test_scan_and_remat_equal_the_plain_forward_and_grads(scan, remat):
 def test_bf16_activations_keep_the_ssm_state_in_fp32():
   cfg = _main_job_cfg().replace_moe(dispatch='dropless')
   m32 = _jit(model.Transformer(cfg, rngs=nnx.Rngs(0)))
-  m16 = _jit(model.Transformer(cfg.replace(dtype='bfloat16'),
-                               rngs=nnx.Rngs(0)))
+  b16 = model.Transformer(cfg.replace(dtype='bfloat16'), rngs=nnx.Rngs(0))
+  m16, cached16 = _jit(b16), _cached(b16)
   toks = _tokens(2, 20)
   cache = model.init_cache(cfg.replace(dtype='bfloat16'), 2, 24)
   assert all(s.ssm.dtype == jnp.float32 for s in cache.mamba)
+  ones = jnp.ones((2, 20), jnp.int32)
+  _, cache, _ = cached16(toks, jnp.cumsum(ones, 1) - 1, ones, cache)
+  assert all(s.ssm.dtype == jnp.float32 for s in cache.mamba)
+  assert all(s.conv_x.dtype == jnp.bfloat16 for s in cache.mamba)
   l32, info32 = m32(toks)
   # The fp32 routing replayed (as the learner replays the sampler's): bf16
   # flips ~3% of near-tied choices of this random model otherwise.
-  l16, info = m16(toks, cache=cache, expert_idx=info32['expert_idx'])
-  assert all(s.ssm.dtype == jnp.float32 for s in info['cache'].mamba)
-  assert all(s.conv_x.dtype == jnp.bfloat16 for s in info['cache'].mamba)
+  l16, _ = m16(toks, expert_idx=info32['expert_idx'])
   rel = jnp.linalg.norm(l16 - l32) / jnp.linalg.norm(l32)
   assert rel < 0.03, rel
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cascade_jax import losses
 from cascade_jax import model
 from cascade_jax import rl
 from cascade_jax import rollout
@@ -85,7 +84,7 @@ def test_scanned_layers_replay_routing_layer_by_layer():
   cfg = _main_job_cfg(pattern='*E' * 3)
   toks = _tokens(2, 10)
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  replay = jax.random.randint(jax.random.key(3), (3, 2, 10, 2), 0, 8)
+  replay = jax.random.randint(jax.random.key(3), (2, 10, 3, 2), 0, 8)
   want, info = m(toks, expert_idx=replay)
   ms = model.Transformer(cfg.replace(scan_layers=True), rngs=nnx.Rngs(0))
   got, info_s = ms(toks, expert_idx=replay)
@@ -164,11 +163,8 @@ def _collect_batch(cfg, tok_vocab, seed=0):
   c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
                   max_new_tokens=12, top_p=0.95, dynamic_filtering=False,
                   overlong='none')
-  batch, rewards, _, _ = rl.collect(
-      m, tok, rl.PromptStream(recs), c, jax.random.key(0),
-      reward_fn=lambda r, _: np.arange(len(r)) % 3)
-  batch['advantages'] = np.asarray(losses.group_advantages(
-      jnp.asarray(rewards), c.rollouts_per_prompt))
+  batch, _ = rl.collect(m, tok, rl.PromptStream(recs), c, jax.random.key(0),
+                        reward_fn=lambda r, _: np.arange(len(r)) % 3)
   return tok, c, batch
 
 
@@ -184,8 +180,7 @@ def test_rl_update_with_every_memory_feature_equals_the_plain_update():
     m = model.Transformer(mcfg.replace(vocab_size=tok.vocab_size),
                           rngs=nnx.Rngs(0))
     graph, state = train.init_state(m, opt)
-    out[name] = rl.update_minibatches(state, batch, graph=graph, opt=opt,
-                                      cfg=c)
+    out[name] = rl.Learner(graph, opt, c).step(state, batch)
   (s0, m0), (s1, m1) = out['plain'], out['memory']
   assert m0['sampler_mismatch_max'] <= 1e-5 and m1['sampler_mismatch_max'] <= 1e-5
   for k in ('loss', 'entropy', 'grad_norm'):
@@ -214,7 +209,7 @@ def test_bf16_compute_keeps_fp32_master_weights_and_optimizer_state():
                                     opt)
     for _ in range(2):
       state, m = sft.train_step(state, batch, graph=graph, opt=opt, accum=1,
-                                bias_rate=0.0, n_moe=2, num_experts=8)
+                                bias_rate=0.0, n_moe=2)
     res[dt] = (state, m)
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {
         jnp.dtype(jnp.float32)}

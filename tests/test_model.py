@@ -1,4 +1,4 @@
-"""The decoder: masking, packing, KV cache, RoPE, tied heads, dtypes."""
+"""The decoder: masking, packing, RoPE, routing replay, tied heads, dtypes (its KV-cache forward: tests/test_rollout.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -60,37 +60,6 @@ def test_packed_equals_unpacked(use_rope, dispatch):
   assert np.isfinite(np.asarray(lp)).all()  # the pad row too
 
 
-@pytest.mark.parametrize('qk_norm', [True, False])
-def test_kv_cache_decode_equals_full_forward(qk_norm):
-  cfg = model.tiny(qk_norm=qk_norm)
-  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  toks = _tokens(2, 9)
-  full, _ = m(toks)
-  cache = model.init_cache(cfg, batch=2, max_len=12)
-  logits, info = m(toks[:, :5], cache=cache)        # prefill
-  outs = [logits]
-  for i in range(5, 9):                              # one token at a time
-    logits, info = m(toks[:, i:i + 1], cache=info['cache'])
-    outs.append(logits)
-  assert int(info['cache'].index) == 9
-  np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5)
-
-
-def test_kv_cache_left_padded_prompts():
-  # Row 0 has a 2-token prompt left-padded to 4; it must match running alone.
-  cfg = model.tiny()
-  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  toks = _tokens(2, 6)
-  seg = jnp.array([[0, 0, 1, 1], [1, 1, 1, 1]])
-  pos = jnp.array([[0, 0, 0, 1], [0, 1, 2, 3]])
-  cache = model.init_cache(cfg, batch=2, max_len=8)
-  _, info = m(toks[:, :4], positions_bt=pos, segment_ids_bt=seg, cache=cache)
-  nxt, _ = m(toks[:, 4:5], positions_bt=jnp.array([[2], [4]]),
-             segment_ids_bt=jnp.ones((2, 1), jnp.int32), cache=info['cache'])
-  alone, _ = m(jnp.concatenate([toks[:1, 2:4], toks[:1, 4:5]], 1))
-  np.testing.assert_allclose(nxt[0, 0], alone[0, -1], atol=1e-5)
-
-
 def test_tied_embeddings_share_the_table():
   cfg = model.tiny(tie_embeddings=True)
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
@@ -104,9 +73,9 @@ def test_tied_embeddings_share_the_table():
 def test_router_info_and_replay():
   cfg = model.tiny(pattern='*E*E')
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  toks = _tokens(2, 5)
+  toks = _tokens(3, 5)
   logits, info = m(toks)
-  assert info['expert_idx'].shape == (2, 2, 5, 2)   # [L_moe, B, T, k]
+  assert info['expert_idx'].shape == (3, 5, 2, 2)   # [B, T, L_moe, k]
   assert info['router']['load'].shape == (2, 4)
   np.testing.assert_allclose(info['router']['load'].sum(-1), 1.0, rtol=1e-6)
   replayed, _ = m(toks, expert_idx=info['expert_idx'])

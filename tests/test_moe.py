@@ -188,15 +188,15 @@ def test_replay_capacity_by_hand_and_never_drops():
   # Token 3 is padding: its pairs do not count. Layer 0: expert 1 gets 3
   # real pairs; layer 1: expert 2 gets 5 (6 tokens less the padding).
   # Capacity = 5 (no rounding below 8).
-  idx = np.zeros((2, 1, 6, 1), np.int32)
-  idx[0, 0, :, 0] = [1, 1, 1, 1, 0, 3]
-  idx[1, 0, :, 0] = 2
+  idx = np.zeros((1, 6, 2, 1), np.int32)     # [B, T, L_moe, k]
+  idx[0, :, 0, 0] = [1, 1, 1, 1, 0, 3]
+  idx[0, :, 1, 0] = 2
   valid = np.array([[True, True, True, False, True, True]])
   assert model.replay_capacity(idx, valid, 4) == 5
   # Rounded up to a quarter of the power of two below: 9 -> 10, 17 -> 20,
   # 100 -> 112 (at most 25 % unused slots, a few shapes per run).
   for load, want in [(9, 10), (16, 16), (17, 20), (100, 112)]:
-    e = np.zeros((1, 1, load, 1), np.int32)
+    e = np.zeros((1, load, 1, 1), np.int32)
     assert model.replay_capacity(e, np.ones((1, load), bool), 4) == want
   # The main job's preset with a skewed expert bias: routing it and
   # replaying it at that capacity drops nothing.

@@ -11,7 +11,6 @@ import pytest
 from flax import nnx
 
 from cascade_jax import data
-from cascade_jax import losses
 from cascade_jax import model
 from cascade_jax import rl
 from cascade_jax import rollout
@@ -54,6 +53,9 @@ def test_config_errors():
     rl.RLConfig(top_p=0.0)
   with pytest.raises(ValueError, match='rl.top_k'):
     rl.RLConfig(top_k=-1)
+  for k in ('micro_batches', 'updates_per_batch'):
+    with pytest.raises(ValueError, match=f'rl.{k} must be >= 1'):
+      rl.RLConfig(**{k: 0})
 
 
 def _main_job_policy(tok, seed=0):
@@ -81,20 +83,21 @@ def test_learner_equals_sampler_on_the_main_jobs_model(setup, top_p):
   c = rl.RLConfig(prompts_per_step=8, rollouts_per_prompt=8,
                   max_new_tokens=16, top_p=top_p, dynamic_filtering=False,
                   overlong='none')
-  batch, rewards, _, _ = rl.collect(
+  batch, _ = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0), reward_fn=lambda r, _: np.arange(len(r)) % 2)
   if top_p < 1:   # the sampler kept part of the vocabulary at some tokens
-    kept = batch['kept'][batch['mask'] > 0]
+    kept = batch.kept[batch.mask > 0]
     assert kept.min() < tok.vocab_size, kept.min()
-  batch['advantages'] = np.asarray(losses.group_advantages(
-      jnp.asarray(rewards), c.rollouts_per_prompt))
-  state, m = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
+  learner = rl.Learner(graph, opt, c)
+  # What the configured path would do with the same batch (before `step`
+  # donates the state).
+  dev, _ = learner.prepare(batch)
+  _, m_cap = rl.update(jax.tree.map(jnp.copy, state), dev, graph=graph,
+                       opt=opt, cfg=c)
+  state, m = learner.step(state, batch)
   assert m['sampler_mismatch_max'] <= 1e-5, m
   assert m['dropped_learner'] == 0.0
-  # What the configured path would have done with the same batch.
-  _, m_cap = rl.update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
-                       opt=opt, cfg=c)
   assert float(m_cap['dropped_learner']) > 0.01
   assert float(m_cap['sampler_mismatch_max']) > 1e-3
 
@@ -120,19 +123,17 @@ def test_grpo_learns_a_toy_reward_with_matching_logprobs(setup):
   opt, graph, state = _init(cfg, lr=1e-2)
   c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=8,
                   max_new_tokens=12)
+  learner = rl.Learner(graph, opt, c)
   stream = rl.PromptStream(recs)
   key = jax.random.key(0)
   means = []
   for _ in range(30):
     key, sub = jax.random.split(key)
-    batch, rewards, _, stats = rl.collect(
+    batch, stats = rl.collect(
         nnx.merge(graph, state.params, state.rest), tok, stream, c, sub,
         reward_fn=share_of_a)
     means.append(np.mean(stats['rewards']))
-    batch['advantages'] = np.asarray(losses.group_advantages(
-        jnp.asarray(rewards), c.rollouts_per_prompt))
-    state, m = rl.update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
-                         opt=opt, cfg=c)
+    state, m = learner.step(state, batch)
     # The learner's forward pass (with the rollout's routing replayed) gives
     # the sampler's log-probs: strictly on-policy.
     assert float(m['sampler_mismatch_mean']) < 1e-5
@@ -144,19 +145,16 @@ def test_trimming_the_empty_tail_changes_nothing(setup):
   opt, graph, state = _init(cfg)
   c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4,
                   max_new_tokens=40, dynamic_filtering=False, trim_bucket=16)
-  batch, rewards, _, _ = rl.collect(
+  batch, _ = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(1), reward_fn=share_of_a)
-  batch['advantages'] = np.asarray(losses.group_advantages(
-      jnp.asarray(rewards), c.rollouts_per_prompt))
   # The same batch with 32 more empty columns, as collect built it before.
-  wide = {k: np.pad(v, [(0, 0), (0, 0), (0, 32), (0, 0)])
-          if k == 'expert_idx' else
-          (v if v.ndim == 1 else np.pad(v, [(0, 0), (0, 32)]))
-          for k, v in batch.items()}
-  assert rl.trim_right(wide)['mask'].shape == batch['mask'].shape
-  ms = [rl.update(jax.tree.map(jnp.copy, state), jax.tree.map(jnp.asarray, b),
-                  graph=graph, opt=opt, cfg=c)[1] for b in (batch, wide)]
+  wide = batch.replace(**{
+      k: v if v.ndim == 1 else np.pad(v, [(0, 0), (0, 32)] + [(0, 0)] * (
+          v.ndim - 2)) for k, v in batch.arrays().items()})
+  assert wide.trim_right(16).mask.shape == batch.mask.shape
+  ms = [rl.Learner(graph, opt, c).step(jax.tree.map(jnp.copy, state), b)[1]
+        for b in (batch, wide)]
   for k in ('loss', 'grad_norm', 'sampler_mismatch_mean', 'token_count'):
     np.testing.assert_allclose(float(ms[0][k]), float(ms[1][k]), rtol=1e-5,
                                atol=1e-6)
@@ -165,12 +163,15 @@ def test_trimming_the_empty_tail_changes_nothing(setup):
 def test_trim_right_keeps_whole_buckets():
   mask = np.zeros((2, 40), np.int32)
   mask[1, 3:6] = 1
-  b = dict(mask=mask, inputs=np.ones((2, 40)), expert_idx=np.ones((3, 2, 40, 2)))
-  out = rl.trim_right(b, bucket=16)
-  assert out['mask'].shape == (2, 8) and out['expert_idx'].shape == (3, 2, 8, 2)
-  assert out['mask'].sum() == 3
+  ones = np.ones((2, 40))
+  b = rl.RLBatch(inputs=ones, targets=ones, positions=ones, segment_ids=ones,
+                 mask=mask, sampler_logp=ones, rewards=np.ones(2),
+                 expert_idx=np.ones((2, 40, 3, 2)))
+  out = b.trim_right(16)
+  assert out.mask.shape == (2, 8) and out.expert_idx.shape == (2, 8, 3, 2)
+  assert out.mask.sum() == 3 and out.rewards.shape == (2,)
   mask[0, 30] = 1
-  assert rl.trim_right(b, bucket=16)['mask'].shape == (2, 40)
+  assert b.trim_right(16).mask.shape == (2, 40)
 
 
 def test_learner_scores_the_tempered_policy_the_sampler_drew_from(setup):
@@ -179,14 +180,11 @@ def test_learner_scores_the_tempered_policy_the_sampler_drew_from(setup):
   c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4,
                   max_new_tokens=8, dynamic_filtering=False, temperature=0.7,
                   overlong='none')
-  batch, rewards, _, _ = rl.collect(
+  batch, _ = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0), reward_fn=lambda recs, _: np.arange(len(recs)) % 2)
-  batch['advantages'] = np.asarray(losses.group_advantages(
-      jnp.asarray(rewards), c.rollouts_per_prompt))
-  _, m = rl.update(state, jax.tree.map(jnp.asarray, batch), graph=graph,
-                   opt=opt, cfg=c)
-  assert float(m['sampler_mismatch_mean']) < 1e-5
+  _, m = rl.Learner(graph, opt, c).step(state, batch)
+  assert m['sampler_mismatch_mean'] < 1e-5
 
 
 def test_more_updates_per_batch_are_off_policy_after_the_first(setup):
@@ -195,20 +193,20 @@ def test_more_updates_per_batch_are_off_policy_after_the_first(setup):
   c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
                   max_new_tokens=8, dynamic_filtering=False,
                   updates_per_batch=2, overlong='none')
-  batch, rewards, _, _ = rl.collect(
+  batch, _ = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0),
       reward_fn=lambda recs, _: np.arange(len(recs)) % 3)
-  batch['advantages'] = np.asarray(losses.group_advantages(
-      jnp.asarray(rewards), c.rollouts_per_prompt))
-  state, m = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
-  assert int(state.step) == 2 and abs(m['ratio_mean'] - 1.0) < 1e-5  # lr 0
-  state, m = rl.update_minibatches(state, batch, graph=graph, opt=opt, cfg=c)
+  learner = rl.Learner(graph, opt, c)
+  state, m = learner.step(state, batch)
+  # The warm-up's first step has lr 0: minibatch 2 sees the same policy.
+  assert int(state.step) == 2 and abs(m['ratio_mean'] - 1.0) < 1e-5
+  state, m = learner.step(state, batch)
   # Minibatch 2 is scored after the update on minibatch 1: off-policy.
   assert abs(m['ratio_mean'] - 1.0) > 1e-4, m
   with pytest.raises(ValueError, match='whole groups'):
-    rl.update_minibatches(state, batch, graph=graph, opt=opt,
-                          cfg=dataclasses.replace(c, updates_per_batch=3))
+    rl.Learner(graph, opt, dataclasses.replace(c, updates_per_batch=3)).step(
+        state, batch)
 
 
 def test_every_step_has_the_stream_width_and_compiles_once(setup):
@@ -227,9 +225,9 @@ def test_every_step_has_the_stream_width_and_compiles_once(setup):
   policy = nnx.merge(graph, state.params, state.rest)
   widths, traces = set(), []
   for step in range(3):
-    batch, _, _, _ = rl.collect(policy, tok, stream, c, jax.random.key(step),
-                                reward_fn=share_of_a)
-    widths.add(batch['inputs'].shape[1])
+    batch, _ = rl.collect(policy, tok, stream, c, jax.random.key(step),
+                          reward_fn=share_of_a)
+    widths.add(batch.inputs.shape[1])
     traces.append(rollout.trace_count())
   assert widths == {width + c.max_new_tokens - 1}
   assert traces[-1] == traces[0], traces   # no sampler compile after the first
@@ -237,21 +235,21 @@ def test_every_step_has_the_stream_width_and_compiles_once(setup):
 
 def test_dynamic_filtering_drops_groups_with_equal_rewards(setup):
   tok, cfg, recs = setup
-  _, graph, state = _init(cfg)
+  opt, graph, state = _init(cfg)
   c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=6,
                   max_refill_rounds=1, overlong='none')
-  batch, _, _, stats = rl.collect(
+  batch, stats = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0), reward_fn=lambda r, s: np.ones(len(s)))
-  assert batch is None
+  assert not batch.learn and stats['kept_groups'] == 0
   assert stats['groups'] == stats['filtered_groups'] == 4   # 2 + 2 refilled
-  # Nothing to learn from, but the step still shows it is on-policy.
-  probe = stats['probe']
-  assert probe['inputs'].shape[0] == 8 and probe['mask'][4:].sum() == 0
-  m = rl.check_on_policy(state.params, state.rest,
-                         jax.tree.map(jnp.asarray, probe), graph=graph, cfg=c)
-  assert float(m['sampler_mismatch_max']) <= 1e-5
-  assert float(m['dropped_learner']) == 0.0
+  # Nothing to learn from (the first group, then empty copies), but the
+  # step still shows it is on-policy, and takes no optimizer step.
+  assert batch.inputs.shape[0] == 8 and batch.mask[4:].sum() == 0
+  state, m = rl.Learner(graph, opt, c).step(state, batch)
+  assert int(state.step) == 0 and 'loss' not in m
+  assert m['sampler_mismatch_max'] <= 1e-5
+  assert m['dropped_learner'] == 0.0
 
 
 def test_overlong_filter_removes_cut_responses_from_the_loss(setup):
@@ -264,22 +262,21 @@ def test_overlong_filter_removes_cut_responses_from_the_loss(setup):
                   dynamic_filtering=False, overlong='filter')
   ones = lambda r, s: np.ones(len(s))
   policy = nnx.merge(graph, state.params, state.rest)
-  batch, rewards, _, stats = rl.collect(policy, tok, rl.PromptStream(recs), c,
-                                        jax.random.key(0), reward_fn=ones)
-  unfiltered, _, _, _ = rl.collect(
+  batch, stats = rl.collect(policy, tok, rl.PromptStream(recs), c,
+                            jax.random.key(0), reward_fn=ones)
+  unfiltered, _ = rl.collect(
       policy, tok, rl.PromptStream(recs),
       dataclasses.replace(c, overlong='none'), jax.random.key(0),
       reward_fn=ones)
-  cut = batch['mask'].sum(1) == 0
+  cut = batch.mask.sum(1) == 0
   assert 0 < stats['truncated'] == cut.sum() < 8    # rows cut at 3 tokens
-  np.testing.assert_array_equal(batch['mask'][~cut], unfiltered['mask'][~cut])
-  np.testing.assert_array_equal(rewards, 1.0)       # rewards kept as scored
+  np.testing.assert_array_equal(batch.mask[~cut], unfiltered.mask[~cut])
+  np.testing.assert_array_equal(batch.rewards, 1.0)  # rewards kept as scored
   # The update on the filtered batch equals the update on the finished
   # responses alone (advantages as given): the cut ones add no gradient.
-  batch['advantages'] = np.linspace(-1, 1, 8).astype(np.float32)
-  keep = {k: v[:, ~cut] if k == 'expert_idx' else v[~cut]
-          for k, v in batch.items()}
-  outs = [rl.update(jax.tree.map(jnp.copy, state), jax.tree.map(jnp.asarray, b),
+  batch = batch.replace(advantages=np.linspace(-1, 1, 8).astype(np.float32))
+  keep = batch.rows(~cut)
+  outs = [rl.update(jax.tree.map(jnp.copy, state), jax.device_put(b),
                     graph=graph, opt=opt, cfg=c, moe=rl.exact_moe(cfg, b))
           for b in (batch, keep)]
   for k in ('loss', 'grad_norm', 'token_count'):
@@ -289,50 +286,50 @@ def test_overlong_filter_removes_cut_responses_from_the_loss(setup):
 
 
 def test_each_teacher_scores_its_own_domains_rows_only(setup, monkeypatch):
-  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+  from cascade_jax.rl import _learner  # pylint: disable=g-import-not-at-top
   tok, cfg, recs = setup
-  _, graph, state = _init(cfg)
-  teachers = {}
-  for seed, dom in enumerate(('a', 'b')):
-    m = model.Transformer(cfg, rngs=nnx.Rngs(10 + seed))
-    teachers[dom] = nnx.split(m, nnx.Param, ...)
+  opt, graph, state = _init(cfg)
+  teachers = {dom: rl.freeze(model.Transformer(cfg, rngs=nnx.Rngs(10 + seed)))
+              for seed, dom in enumerate(('a', 'b'))}
   mixed = [dict(r, domain='ab'[i % 3 == 0]) for i, r in enumerate(recs)]
   c = rl.RLConfig(prompts_per_step=6, rollouts_per_prompt=2, max_new_tokens=6,
                   dynamic_filtering=False, algorithm='mopd')
-  batch, _, brecs, _ = rl.collect(
+  batch, _ = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(mixed),
       c, jax.random.key(0), reward_fn=share_of_a)
-  doms = np.asarray([r['domain'] for r in brecs])
+  doms = np.asarray(batch.domains)
   assert set(doms) == {'a', 'b'}
   calls = []
-  frozen = _stage._frozen
+  frozen = _learner.frozen_logprobs
 
-  def recording(graph, params, rest, b, **kw):
-    calls.append((params, np.asarray(b['inputs'])))
-    return frozen(graph, params, rest, b, **kw)
-  monkeypatch.setattr(_stage, '_frozen', recording)
-  lp, dropped = _stage._teacher_logp(teachers, batch, brecs)
-  assert dropped == 0.0 and len(calls) == 2
+  def recording(graph, params, rest, fwd, **kw):
+    calls.append((params, np.asarray(fwd['inputs'])))
+    return frozen(graph, params, rest, fwd, **kw)
+  monkeypatch.setattr(_learner, 'frozen_logprobs', recording)
+  dev, extra = rl.Learner(graph, opt, c, teachers=teachers).prepare(batch)
+  lp = np.asarray(dev.teacher_logp)
+  assert float(extra['dropped_teacher']) == 0.0 and len(calls) == 2
+  fwd = {k: jnp.asarray(getattr(batch, k))
+         for k in ('inputs', 'targets', 'positions', 'segment_ids')}
   for dom, (params, inputs) in zip(('a', 'b'), calls):
-    assert params is teachers[dom][1]
+    assert params is teachers[dom].params
     rows = np.flatnonzero(doms == dom)
     # Its own rows (then copies of its first, up to a power of two): no
     # other domain's row reaches this teacher.
     assert len(inputs) == 1 << (len(rows) - 1).bit_length()
-    np.testing.assert_array_equal(inputs[:len(rows)], batch['inputs'][rows])
+    np.testing.assert_array_equal(inputs[:len(rows)], batch.inputs[rows])
     np.testing.assert_array_equal(inputs[len(rows):],
-                                  batch['inputs'][rows[:1]].repeat(
+                                  batch.inputs[rows[:1]].repeat(
                                       len(inputs) - len(rows), 0))
     # ... and those rows get this teacher's log-probs, not the other's.
-    fwd = {k: jnp.asarray(batch[k]) for k in _stage._FORWARD_KEYS}
     own, _ = frozen(*teachers[dom], fwd)
     other, _ = frozen(*teachers['b' if dom == 'a' else 'a'], fwd)
-    m = batch['mask'][rows] > 0
+    m = batch.mask[rows] > 0
     np.testing.assert_allclose(lp[rows][m], np.asarray(own)[rows][m],
                                atol=1e-5)
     assert np.abs(lp[rows][m] - np.asarray(other)[rows][m]).max() > 1e-2
   with pytest.raises(ValueError, match=r"no teacher for domains \['b'\]"):
-    _stage._teacher_logp({'a': teachers['a']}, batch, brecs)
+    rl.teacher_rows(batch.domains, {'a': teachers['a']})
 
 
 def test_overlong_penalty_by_reward_kind():
@@ -362,7 +359,7 @@ def test_refills_sample_only_what_is_missing(setup):
     return np.asarray([float(i % 2) if int(r['id']) >= 2 else 1.0
                        for i, r in enumerate(records)])
   recs = [dict(r, id=str(i)) for i, r in enumerate(recs)]
-  batch, _, _, stats = rl.collect(
+  batch, stats = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0), reward_fn=reward)
   # Round 1 samples all 8 prompts and keeps 6; the 2 missing are refilled
@@ -372,7 +369,7 @@ def test_refills_sample_only_what_is_missing(setup):
   assert stats['sampled_prompts'] == sum(seen) // 2
   assert stats['kept_groups'] == min(
       8, stats['groups'] - stats['filtered_groups'])
-  assert batch['inputs'].shape[0] == 16
+  assert batch.inputs.shape[0] == 16
 
 
 def test_prompt_stream_order_and_resume():
@@ -392,12 +389,12 @@ def test_overlong_responses_are_penalised(setup):
   _, graph, state = _init(cfg)
   c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=2,
                   dynamic_filtering=False)
-  batch, rewards, _, stats = rl.collect(
+  batch, stats = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
       c, jax.random.key(0), reward_fn=lambda r, s: np.ones(len(s)))
   assert stats['truncated'] > 0
-  assert rewards.min() == 0.0      # cut at the limit: reward 0
-  assert batch['inputs'].shape[0] == 8
+  assert batch.rewards.min() == 0.0      # cut at the limit: reward 0
+  assert batch.inputs.shape[0] == 8
 
 
 # ------------------------------------------------------- the stage runner

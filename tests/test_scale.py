@@ -64,10 +64,11 @@ def test_setup_places_batches_and_records_the_model(tmp_path):
   assert json.load(open(tmp_path / 'model.json')) == spec
   assert json.load(open(tmp_path / 'config.json'))['mesh']['expert'] == 4
   b = setup.put({'inputs': np.zeros((8, 5), np.int32),
-                 'expert_idx': np.zeros((2, 8, 5, 2), np.int32)})
+                 'expert_idx': np.zeros((8, 5, 2, 2), np.int32)})
   assert b['inputs'].sharding.spec == jax.sharding.PartitionSpec(
       ('data', 'expert'), None)
-  assert b['expert_idx'].sharding.spec[1] == ('data', 'expert')
+  # Routing is batch-major like every other array of a batch.
+  assert b['expert_idx'].sharding.spec[0] == ('data', 'expert')
   with pytest.raises(ValueError, match="6 rows, not a multiple of the 8"):
     setup.put({'inputs': np.zeros((6, 5), np.int32)})
   setup.close()
@@ -157,6 +158,27 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
   assert sft.fits('v5p') and sft.fits('h200')
   header, rows = aot.table(costs)
   assert len(rows) == 2 and len(rows[0]) == len(header)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
+def test_plan_compiles_the_grpo_update_in_micro_batches():
+  # Rollouts per device x micro-batches: 4 rollouts in 4 micro-batches need
+  # about what 1 does (one micro-batch's activations, plus the gradient
+  # accumulator), 4 in one several times that.
+  c = plan_config.get_config('small')
+  c.only, c.steps, c.shapes.rl_seq = 'fsdp2_tensor2_expert2', 'grpo', 256
+  c.variants = ml_collections.ConfigDict({
+      f'{r}x{k}': dict(rl_rows=r, rl_micro_batches=k)
+      for r, k in ((1, 1), (4, 1), (4, 4))})
+  costs = {x.variant: x for x in aot.run(c, progress=lambda s: None)}
+  assert list(costs) == ['1x1', '4x1', '4x4']
+  assert costs['4x1'].temp_bytes > 2.5 * costs['1x1'].temp_bytes
+  assert costs['4x4'].peak_bytes < 1.3 * costs['1x1'].peak_bytes
+  assert costs['4x4'].tokens == 4 * costs['1x1'].tokens
+  c.variants = ml_collections.ConfigDict({'x': dict(rl_micro=2)})
+  with pytest.raises(ValueError, match="variant 'x' sets \\['rl_micro'\\]"):
+    aot.run(c, progress=lambda s: None)
 
 
 @pytest.mark.slow

@@ -78,7 +78,7 @@ def test_gradient_accumulation_is_exact():
     graph, state = train.init_state(
         model.Transformer(cfg, rngs=nnx.Rngs(0)), opt)
     state, m = sft.train_step(state, batch, graph=graph, opt=opt, accum=accum,
-                              bias_rate=0.0, n_moe=1, num_experts=4)
+                              bias_rate=0.0, n_moe=1)
     out.append((state.params, float(m['loss'])))
   for params, loss in out[1:]:
     assert loss == pytest.approx(out[0][1], rel=1e-6)

@@ -78,6 +78,8 @@ class StepCost:
   # (then temp_bytes is what it said the temporaries need, arguments are the
   # counted state plus the batch, and FLOPs are NaN).
   note: str = ''
+  # Which of the config's `variants` (shape overrides) it was compiled at.
+  variant: str = ''
 
   @property
   def peak_bytes(self) -> int:
@@ -149,42 +151,44 @@ def abstract_train_state(cfg: model_lib.ModelConfig, ctx: sharding.ShardingCtx,
 
 def _rows(ctx, names_shapes: Mapping[str, tuple], dtypes: Mapping[str, str]):
   """Batch arrays [B, ...] split over the `batch` rule's axes."""
-  out = {}
-  for k, shape in names_shapes.items():
-    axes = (('batch',) + (None,) * (len(shape) - 1) if k != 'expert_idx'
-            else (None, 'batch', None, None))
-    out[k] = _sds(shape, dtypes.get(k, 'int32'), ctx.sharding(axes, shape))
-  return out
+  return {k: _sds(shape, dtypes.get(k, 'int32'), ctx.sharding(
+      ('batch',) + (None,) * (len(shape) - 1), shape))
+          for k, shape in names_shapes.items()}
 
 
 # -------------------------------------------------------------------- steps
+# Each `_abstract_*` builds a step's jitted function and its abstract
+# arguments (ShapeDtypeStructs with shardings); `_compile` lowers them.
 
 
-def _lower_sft(cfg, ctx, opt, rows, seq):
+def _abstract_sft(cfg, ctx, opt, rows, seq, micro_batches=1):
   graph, state = abstract_train_state(cfg, ctx, opt)
   keys = ('inputs', 'targets', 'positions', 'segment_ids', 'mask')
   batch = _rows(ctx, {k: (rows, seq) for k in keys}, {})
   n_moe = cfg.pattern.count(model_lib.MOE)
   return sft.train_step, (state, batch), dict(
-      graph=graph, opt=opt, accum=1,
+      graph=graph, opt=opt, accum=micro_batches,
       bias_rate=1e-3 if cfg.moe and cfg.moe.use_expert_bias else 0.0,
-      n_moe=n_moe, num_experts=cfg.moe.num_experts if cfg.moe else 0)
+      n_moe=n_moe)
 
 
-def _lower_rl(cfg, ctx, opt, rows, seq, algorithm):
+def _abstract_rl(cfg, ctx, opt, rows, seq, algorithm, micro_batches=1):
+  """The RL update on `rows` rollouts of `seq` tokens (the sampler's
+  routing replayed), its gradient over `micro_batches`."""
   graph, state = abstract_train_state(cfg, ctx, opt)
   shapes = {k: (rows, seq) for k in ('inputs', 'targets', 'positions',
                                      'segment_ids', 'mask', 'sampler_logp')}
-  shapes['advantages'] = (rows,)
+  shapes['rewards'] = shapes['advantages'] = (rows,)
   n_moe = cfg.pattern.count(model_lib.MOE)
   if n_moe:   # the rollout's routing, replayed
-    shapes['expert_idx'] = (n_moe, rows, seq, cfg.moe.top_k)
+    shapes['expert_idx'] = (rows, seq, n_moe, cfg.moe.top_k)
   if algorithm == 'mopd':
     shapes['teacher_logp'] = (rows, seq)
-  batch = _rows(ctx, shapes, dict(sampler_logp='float32', advantages='float32',
-                                  teacher_logp='float32'))
+  f32 = 'float32'
+  batch = rl.RLBatch(**_rows(ctx, shapes, dict(
+      sampler_logp=f32, rewards=f32, advantages=f32, teacher_logp=f32)))
   rc = rl.RLConfig(algorithm=algorithm, rollouts_per_prompt=16,
-                   dynamic_filtering=False)
+                   dynamic_filtering=False, micro_batches=micro_batches)
   return rl.update, (state, batch), dict(graph=graph, opt=opt, cfg=rc, moe=())
 
 
@@ -229,7 +233,7 @@ def _decode(graph, state, cache, tokens):
   return logits, cache
 
 
-def _lower_rollout(cfg, ctx, rows, prompt, length, which):
+def _abstract_rollout(cfg, ctx, rows, prompt, length, which):
   model = train.abstract_model(cfg, ctx)
   graph, state = nnx.split(model)
   cache = _abstract_cache(cfg, ctx, rows, length)
@@ -260,15 +264,17 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
   """(jitted fn, abstract args, static kwargs, tokens it processes)."""
   if step == 'sft':
     rows, seq = shapes['sft_rows'], shapes['sft_seq']
-    return _lower_sft(cfg, ctx, opt, rows, seq) + (rows * seq,)
+    return _abstract_sft(cfg, ctx, opt, rows, seq,
+                         shapes.get('sft_micro_batches', 1)) + (rows * seq,)
   if step in ('grpo', 'mopd'):
     rows, seq = shapes['rl_rows'], shapes['rl_seq']
-    return _lower_rl(cfg, ctx, opt, rows, seq, step) + (rows * seq,)
+    return _abstract_rl(cfg, ctx, opt, rows, seq, step,
+                        shapes.get('rl_micro_batches', 1)) + (rows * seq,)
   rows = shapes['rollout_rows']
-  return _lower_rollout(cfg, ctx, rows, shapes['prompt_len'],
-                        shapes['cache_len'], step) + (
-                            rows * (shapes['prompt_len'] if step == 'prefill'
-                                    else 1),)
+  return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
+                           shapes['cache_len'], step) + (
+                               rows * (shapes['prompt_len'] if step == 'prefill'
+                                       else 1),)
 
 
 def _compile(step: str, cfg, ctx, opt, shapes):
@@ -414,21 +420,40 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
     if use_tpu and not topology:
       raise ValueError(f'plan: mesh {name} names no TPU topology')
     ctx = sharding.ShardingCtx(sharding.make_mesh(shape, devs), rules)
-    shapes = {k: int(v) * (n if k.endswith('_rows') else 1)
-              for k, v in config.shapes.items()}
     cost_meshes = [m.strip() for m in config.get('cost_meshes', '').split(',')
                    if m.strip()]
-    for step in steps:
-      cost = compile_step(step, cfg, ctx, opt, shapes, platform, name,
-                          with_cost=not cost_meshes or name in cost_meshes)
-      progress(f'[plan] {name} ({n} devices, {platform}) {step}: '
-               f'{cost.peak_bytes / GB:.2f} GB/device, '
-               f'{cost.flops:.3g} FLOPs, compiled in {cost.compile_s:.1f}s'
-               + (f' ({cost.note})' if cost.note else ''))
-      out.append(cost)
-      if on_step is not None:
-        on_step(out)
+    for variant, over in _variants(config):
+      shapes = {k: int(v) * (n if k.endswith('_rows') else 1)
+                for k, v in {**config.shapes.to_dict(), **over}.items()}
+      for step in steps:
+        cost = compile_step(step, cfg, ctx, opt, shapes, platform, name,
+                            with_cost=not cost_meshes or name in cost_meshes)
+        cost.variant = variant
+        progress(f'[plan] {name} ({n} devices, {platform}) {step}'
+                 f'{" " + variant if variant else ""}: '
+                 f'{cost.peak_bytes / GB:.2f} GB/device, '
+                 f'{cost.flops:.3g} FLOPs, compiled in {cost.compile_s:.1f}s'
+                 + (f' ({cost.note})' if cost.note else ''))
+        out.append(cost)
+        if on_step is not None:
+          on_step(out)
   return out
+
+
+def _variants(config) -> list[tuple[str, dict]]:
+  """(name, shape overrides) to compile each step at: the config's
+  `variants` (e.g. rollouts per device x micro-batches), else its shapes."""
+  variants = dict(config.get('variants') or {})
+  for name, over in variants.items():
+    unknown = sorted(set(over) - set(config.shapes))
+    if unknown:
+      raise ValueError(f'plan: variant {name!r} sets {unknown}, which are not '
+                       f'shapes ({sorted(config.shapes)})')
+  # Rows first, then the rest (micro-batches): the table reads in order.
+  order = lambda kv: [v for _, v in sorted(
+      kv[1].items(), key=lambda x: (not x[0].endswith('_rows'), x[0]))]
+  return sorted(((k, dict(v)) for k, v in variants.items()),
+                key=order) or [('', {})]
 
 
 def from_results(rows: list[dict]) -> list[StepCost]:
@@ -440,7 +465,7 @@ def from_results(rows: list[dict]) -> list[StepCost]:
     out.append(StepCost(**{
         **{k: r[k] for k in fields if k in r}, 'mesh': mesh,
         'devices': int(devices.rstrip(')')), 'step': r['step'],
-        'tokens': r['tokens']}))
+        'tokens': r['tokens'], 'variant': r.get('variant', '')}))
   return out
 
 
@@ -452,7 +477,8 @@ def table(costs: list[StepCost]) -> tuple[list[str], list[list]]:
             'fits v5p', 'fits H200', 'note']
   rows = []
   for c in costs:
-    rows.append([f'{c.mesh} ({c.devices})', c.step, c.tokens,
+    rows.append([f'{c.mesh} ({c.devices})',
+                 c.step + (f' {c.variant}' if c.variant else ''), c.tokens,
                  c.argument_bytes / GB, c.state_bytes / GB,
                  c.output_bytes / GB, c.temp_bytes / GB, c.peak_bytes / GB,
                  c.flops / 1e12, c.model_flops / 1e12, c.bytes_accessed / GB,

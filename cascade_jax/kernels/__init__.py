@@ -1,6 +1,9 @@
 """Hand-written CPU kernels behind XLA's FFI, with XLA fallbacks: the sparse MoE expert FFN, KV-cache attention, argmax."""
 
 from cascade_jax.kernels._argmax_cpu import argmax
+from cascade_jax.kernels._build import built
+from cascade_jax.kernels._build import cache_path
+from cascade_jax.kernels._build import DISABLE_ENV
 from cascade_jax.kernels._argmax_cpu import argmax_available
 from cascade_jax.kernels._attention_cpu import cache_attention
 from cascade_jax.kernels._attention_cpu import cache_attention_available

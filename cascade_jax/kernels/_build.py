@@ -108,6 +108,12 @@ def _library() -> ctypes.CDLL | None:
 
 
 @functools.cache
+def built() -> bool:
+  """Whether the kernels' library is built and registered here (it is
+  built on first use; False when disabled or when it cannot be built)."""
+  return _library() is not None
+
+
 def _key() -> str:
   """The sources, jaxlib's FFI headers and this CPU's features, hashed."""
   key = hashlib.sha256()

@@ -56,17 +56,29 @@ def group_advantages(rewards: Array, group_size: int, *, scale: str = 'std',
   return adv.reshape(-1)
 
 
-def _normalise(per_token: Array, mask: Array, how: str):
+def _normalise(per_token: Array, mask: Array, how: str,
+               num_tokens: Array | None = None,
+               num_sequences: Array | None = None):
+  """(loss, sum, token count) of per-token values over the mask.
+
+  'token': the sum over every masked token, over their count. 'sequence':
+  each row's token mean, averaged over the rows that have tokens. Given the
+  whole batch's `num_tokens` / `num_sequences`, a micro-batch of it
+  divides by those instead of its own counts: its loss is then its share,
+  and the micro-batches' losses add up to the batch's.
+  """
   m = mask.astype(jnp.float32)
   total = jnp.sum(per_token * m)
   count = jnp.sum(m)
   if how == 'token':
-    loss = total / jnp.maximum(count, 1.0)
+    denom = count if num_tokens is None else num_tokens
+    loss = total / jnp.maximum(denom, 1.0)
   elif how == 'sequence':
     lengths = jnp.maximum(m.sum(-1), 1.0)
     has = (m.sum(-1) > 0).astype(jnp.float32)
+    denom = has.sum() if num_sequences is None else num_sequences
     loss = jnp.sum((per_token * m).sum(-1) / lengths * has) / jnp.maximum(
-        has.sum(), 1.0)
+        denom, 1.0)
   else:
     raise ValueError(f"normalize must be 'token' or 'sequence', got {how!r}")
   return loss, total, count
@@ -76,7 +88,9 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
               old_logp: Array | None = None, ref_logp: Array | None = None,
               sampler_logp: Array | None = None, clip_eps_low: float = 0.2,
               clip_eps_high: float = 0.2, kl_coef: float = 0.0,
-              tis_cap: float | None = None, normalize: str = 'token'):
+              tis_cap: float | None = None, normalize: str = 'token',
+              num_tokens: Array | None = None,
+              num_sequences: Array | None = None):
   """The GRPO surrogate with token-level normalisation (the paper's default).
 
   With ratio rho_t = pi(o_t) / pi_old(o_t) and per-rollout advantage A:
@@ -90,6 +104,12 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
   `old_logp` the ratio is exactly 1 (strictly on-policy: one update per
   batch) and the gradient is the REINFORCE estimate -A grad log pi / N.
   normalize='sequence' averages per-sequence token means instead.
+
+  On a micro-batch of a larger batch, pass the whole batch's `num_tokens`
+  (masked tokens) and `num_sequences` (rows with any): the loss and every
+  mean metric are then this micro-batch's share of the batch's, and summing
+  the micro-batches' values gives the batch's (gradient accumulation that
+  does not change the objective).
 
   Args:
     logp: Float[Array, 'b t'] log pi(o_t) under the policy being trained.
@@ -123,9 +143,10 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
     d = ref_logp - logp
     kl = jnp.exp(d) - d - 1.0
     per_token = per_token + kl_coef * kl
-  loss, total, count = _normalise(per_token, mask, normalize)
+  loss, total, count = _normalise(per_token, mask, normalize, num_tokens,
+                                  num_sequences)
   m = mask.astype(jnp.float32)
-  n = jnp.maximum(m.sum(), 1.0)
+  n = jnp.maximum(m.sum() if num_tokens is None else num_tokens, 1.0)
   was_clipped = (clipped * adv) < (ratio * adv)   # min took the clipped term
   metrics = dict(loss_sum=total, token_count=count,
                  clip_fraction=jnp.sum(was_clipped * m) / n,
@@ -136,7 +157,8 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
 def mopd_loss(logp: Array, teacher_logp: Array, sampler_logp: Array,
               mask: Array, *, trunc_low: float = 0.5, trunc_high: float = 2.0,
               reward_advantages: Array | None = None,
-              reward_weight: float = 0.0):
+              reward_weight: float = 0.0, num_tokens: Array | None = None,
+              num_sequences: Array | None = None):
   """Multi-domain on-policy distillation on the student's own samples.
 
   Per sampled token t (s_t = prompt + y_<t):
@@ -157,6 +179,8 @@ def mopd_loss(logp: Array, teacher_logp: Array, sampler_logp: Array,
     sampler_logp: Float[Array, 'b t'] log-probs the sampler drew with.
     mask: Int[Array, 'b t'] valid response tokens V(y).
     reward_advantages: Float[Array, 'b'] or None.
+    num_tokens, num_sequences: the whole batch's counts when this is a
+      micro-batch of it (see `grpo_loss`).
 
   Returns:
     (loss, metrics): reverse_kl (mean a_t estimate, sign flipped), weight
@@ -178,8 +202,9 @@ def mopd_loss(logp: Array, teacher_logp: Array, sampler_logp: Array,
   if reward_advantages is not None and reward_weight:
     signal = signal + reward_weight * reward_advantages[:, None]
   per_token = -(w * signal * logp)
-  loss, total, count = _normalise(per_token, mask, 'sequence')
-  n = jnp.maximum(m.sum(), 1.0)
+  loss, total, count = _normalise(per_token, mask, 'sequence', num_tokens,
+                                  num_sequences)
+  n = jnp.maximum(m.sum() if num_tokens is None else num_tokens, 1.0)
   metrics = dict(loss_sum=total, token_count=count,
                  reverse_kl=-jnp.sum(adv * m) / n,
                  weight_mean=jnp.sum(w * m) / n,

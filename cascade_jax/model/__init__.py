@@ -1,5 +1,6 @@
 """Flax NNX MoE decoder: configs, presets, the model, KV cache and parameter counts."""
 
+from cascade_jax.model._attention import Attention
 from cascade_jax.model._attention import attention_mask
 from cascade_jax.model._config import ATTENTION
 from cascade_jax.model._config import MAMBA
@@ -16,10 +17,19 @@ from cascade_jax.model._config import qwen3_30b_a3b
 from cascade_jax.model._config import small
 from cascade_jax.model._config import small_hybrid
 from cascade_jax.model._config import tiny
+from cascade_jax.model._dispatch import capacity as expert_capacity
 from cascade_jax.model._dispatch import capacity_slots
+from cascade_jax.model._dispatch import combine_weights
+from cascade_jax.model._dispatch import DROPLESS_CAPACITY_FACTOR
+from cascade_jax.model._dispatch import dropless as dropless_experts
+from cascade_jax.model._dispatch import flat_mlp
 from cascade_jax.model._dispatch import expert_forward
 from cascade_jax.model._dispatch import replay_capacity
+from cascade_jax.model._layers import activation
+from cascade_jax.model._layers import is_gated
+from cascade_jax.model._layers import Mlp
 from cascade_jax.model._mamba import Mamba2
+from cascade_jax.model._mamba import init_state as mamba_init_state
 from cascade_jax.model._mamba import MambaState
 from cascade_jax.model._mamba import resets as mamba_resets
 from cascade_jax.model._mamba import state_axes as mamba_state_axes
@@ -34,4 +44,3 @@ from cascade_jax.model._transformer import dropped_fraction
 from cascade_jax.model._transformer import init_cache
 from cascade_jax.model._transformer import KVCache
 from cascade_jax.model._transformer import Transformer
-from cascade_jax.model._benchmark import moe_layer_benchmark

@@ -307,7 +307,7 @@ def dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
   return y, jnp.ones(idx_nk.shape, bool)
 
 
-def replay_capacity(expert_idx_lbtk, valid_bt, num_experts: int) -> int:
+def replay_capacity(expert_idx_btlk, valid_bt, num_experts: int) -> int:
   """Capacity (slots per expert) that drops nothing under a replayed routing.
 
   The largest number of real (token, choice) pairs any expert receives in
@@ -317,18 +317,18 @@ def replay_capacity(expert_idx_lbtk, valid_bt, num_experts: int) -> int:
   25 % of slots unused.
 
   Args:
-    expert_idx_lbtk: [L_moe, B, T, k] the routing to replay (numpy).
+    expert_idx_btlk: [B, T, L_moe, k] the routing to replay (numpy).
     valid_bt: [B, T] real tokens (segment id != 0); padding takes no slot.
     num_experts: E.
   """
-  e = np.asarray(expert_idx_lbtk)
-  valid = np.broadcast_to(np.asarray(valid_bt, bool)[None, :, :, None],
+  e = np.asarray(expert_idx_btlk)
+  valid = np.broadcast_to(np.asarray(valid_bt, bool)[:, :, None, None],
                           e.shape)
   if not valid.any():
     return 1
-  layer = np.repeat(np.arange(e.shape[0]), e[0].size).reshape(e.shape)
+  layer = np.broadcast_to(np.arange(e.shape[2])[None, None, :, None], e.shape)
   load = np.bincount((layer * num_experts + e)[valid],
-                     minlength=e.shape[0] * num_experts).max()
+                     minlength=e.shape[2] * num_experts).max()
   q = 2 ** max(int(load).bit_length() - 3, 0)
   return int(-(-load // q) * q)
 

@@ -193,14 +193,14 @@ class MoE(nnx.Module):
                              x_nd, idx_nk, w_nk, ws, valid_n)
 
 
-def exact_dispatch(cfg: ModelConfig, expert_idx_lbtk=None, valid_bt=None, *,
+def exact_dispatch(cfg: ModelConfig, expert_idx_btlk=None, valid_bt=None, *,
                    min_capacity: int = 0) -> dict[str, Any]:
   """`Transformer` keyword arguments for a forward that drops no token.
 
   A forward that scores a rollout (learner, reference, teacher, reward
   model) must compute what the sampler computed, whatever else is in the
   batch. `dense`, `ragged` and `dropless` never drop; `capacity` would, so
-  with a replayed routing (numpy `expert_idx_lbtk` [L_moe, B, T, k] and
+  with a replayed routing (numpy `expert_idx_btlk` [B, T, L_moe, k] and
   `valid_bt` [B, T]) it gets a capacity that fits it (`replay_capacity`:
   exact at `capacity`'s cost; at least `min_capacity`: a run that passes
   its largest capacity so far compiles again only when a batch needs more),
@@ -208,11 +208,11 @@ def exact_dispatch(cfg: ModelConfig, expert_idx_lbtk=None, valid_bt=None, *,
   """
   if cfg.moe is None or cfg.moe.dispatch != 'capacity':
     return {}
-  if expert_idx_lbtk is None:
+  if expert_idx_btlk is None:
     return dict(moe_dispatch='dropless')
   return dict(moe_dispatch='capacity',
               moe_capacity=max(min_capacity, _dispatch.replay_capacity(
-                  expert_idx_lbtk, valid_bt, cfg.moe.num_experts)))
+                  expert_idx_btlk, valid_bt, cfg.moe.num_experts)))
 
 
 def _spec_axes(entry) -> tuple[str, ...]:

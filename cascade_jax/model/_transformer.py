@@ -126,7 +126,6 @@ class Transformer(nnx.Module):
   def __call__(self, tokens_bt: jax.Array, *,
                positions_bt: jax.Array | None = None,
                segment_ids_bt: jax.Array | None = None,
-               cache: KVCache | None = None,
                expert_idx: jax.Array | None = None,
                return_hidden: bool = False,
                moe_dispatch: str | None = None,
@@ -140,10 +139,10 @@ class Transformer(nnx.Module):
       positions_bt: [B, T] positions (restart at 0 in each packed segment);
         default arange(T), or continuing the cache.
       segment_ids_bt: [B, T] packed-segment ids, 0 = padding; default 1.
-      cache: a KVCache to attend over and write into (the sampler has its
-        own forward over the cache: `cascade_jax.rollout`).
-      expert_idx: [L_moe, B, T, k] experts to use in each MoE layer instead of
-        the router's choice (replaying a rollout's routing).
+      expert_idx: [B, T, L_moe, k] experts to use in each MoE layer instead
+        of the router's choice (replaying a rollout's routing). Routing is
+        batch-major everywhere outside the model; the layers run
+        layer-major, and this call is where the two meet.
       return_hidden: also return the final normed hidden states.
       return_logits: False skips the output head (logits None, info has
         'hidden'): the losses then take the logits a chunk at a time
@@ -156,67 +155,56 @@ class Transformer(nnx.Module):
       (logits [B, T, V] fp32, info) where info has 'aux_loss' (scalar sum of
       router aux losses), 'router' (per MoE layer stats stacked on axis 0:
       load [L, E], dropped [L], seq_aux [L], z_loss [L]), 'expert_idx'
-      [L_moe, B, T, k], 'cache' (updated, if one was given), 'hidden'.
+      [B, T, L_moe, k], 'hidden'.
+
+    The sampler's forward over a KV cache is `cascade_jax.rollout.forward`
+    (the one cached forward): it computes this function, a token at a time.
     """
     cfg = self.cfg
     b, t = tokens_bt.shape
     if segment_ids_bt is None:
       segment_ids_bt = jnp.ones((b, t), jnp.int32)
     if positions_bt is None:
-      start = 0 if cache is None else cache.index
-      positions_bt = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32),
-                                      (b, t))
+      positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     x = self.embed(tokens_bt)
-    if cache is not None:
-      cache_pos, cache_seg = cache.written(positions_bt, segment_ids_bt)
-    valid = segment_ids_bt != 0
     # Shared by every attention layer: computed once, not once per layer.
     rope_cs = (rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
                if cfg.use_rope else None)
-    if cache is None:
-      mask = attention_mask(positions_bt, segment_ids_bt, positions_bt,
-                            segment_ids_bt)
-    else:
-      mask = attention_mask(positions_bt, segment_ids_bt, cache_pos, cache_seg)
+    mask = attention_mask(positions_bt, segment_ids_bt, positions_bt,
+                          segment_ids_bt)
     shared = dict(positions_bt=positions_bt, segment_ids_bt=segment_ids_bt,
-                  valid_bt=valid, rope_cs=rope_cs, mask_bts=mask)
+                  valid_bt=segment_ids_bt != 0, rope_cs=rope_cs, mask_bts=mask)
     if MAMBA in cfg.pattern:   # where the Mamba layers' state restarts
-      shared['reset_bt'] = _mamba.resets(
-          segment_ids_bt, None if cache is None else cache.last_segment())
+      shared['reset_bt'] = _mamba.resets(segment_ids_bt, None)
     moe = (moe_dispatch, moe_capacity)
-    if cache is not None:
-      x, routers, new_k, new_v, new_m = self._cached_blocks(
-          x, shared, moe, cache, cache_pos, cache_seg, expert_idx)
-    elif cfg.scan_layers and len(cfg.scan_unit) < cfg.num_layers:
-      x, routers = self._scanned_blocks(x, shared, moe, expert_idx)
+    # [B, T, L_moe, k] -> [L_moe, B, T, k]: the layers' order, scanned or not.
+    replay = None if expert_idx is None else jnp.moveaxis(expert_idx, 2, 0)
+    if cfg.scan_layers and len(cfg.scan_unit) < cfg.num_layers:
+      x, routers = self._scanned_blocks(x, shared, moe, replay)
     else:
-      x, routers = self._unrolled_blocks(x, shared, moe, expert_idx)
+      x, routers = self._unrolled_blocks(x, shared, moe, replay)
 
     x = self.final_norm(x)
     logits = self._head(x) if return_logits else None
     info: dict[str, Any] = {'aux_loss': jnp.zeros((), jnp.float32)}
     if routers:
       stacked = dict(routers)
-      info['expert_idx'] = stacked.pop('expert_idx')
+      info['expert_idx'] = jnp.moveaxis(stacked.pop('expert_idx'), 0, 2)
       info['aux_loss'] = stacked.pop('aux_loss').sum()
       info['router'] = stacked
-    if cache is not None:
-      info['cache'] = KVCache(k=tuple(new_k), v=tuple(new_v),
-                              positions=cache_pos, segment_ids=cache_seg,
-                              index=cache.index + t, mamba=tuple(new_m))
     if return_hidden or not return_logits:
       info['hidden'] = x
     return logits, info
 
   # ----------------------------------------------------------- the blocks
 
-  def _unrolled_blocks(self, x, shared, moe, expert_idx):
+  def _unrolled_blocks(self, x, shared, moe, expert_idx_lbtk):
     """Every block in turn (each under the remat policy): (x, router stats)."""
     routers, n_moe = [], 0
     for blk in self.blocks:
       replay = None
       if blk.kind == MOE:
-        replay = None if expert_idx is None else expert_idx[n_moe]
+        replay = None if expert_idx_lbtk is None else expert_idx_lbtk[n_moe]
         n_moe += 1
       graph, state = nnx.split(blk)
       fn = functools.partial(_block_fn, graph, moe, self.ctx)
@@ -225,7 +213,7 @@ class Transformer(nnx.Module):
         routers.append(stats)
     return x, _stack_stats(routers)
 
-  def _scanned_blocks(self, x, shared, moe, expert_idx):
+  def _scanned_blocks(self, x, shared, moe, expert_idx_lbtk):
     """The pattern's repeating unit under one `lax.scan` over its repeats.
 
     The weights stay one module per layer (checkpoints, the sampler and the
@@ -242,8 +230,8 @@ class Transformer(nnx.Module):
       stacked.append(jax.tree.map(lambda *xs: jnp.stack(xs), *[
           nnx.state(self.blocks[i * p + j]) for i in range(n)]))
     m = cfg.scan_unit.count(MOE)
-    replay = (None if expert_idx is None else
-              expert_idx.reshape(n, m, *expert_idx.shape[1:]))
+    replay = (None if expert_idx_lbtk is None else
+              expert_idx_lbtk.reshape(n, m, *expert_idx_lbtk.shape[1:]))
 
     def unit(x, xs):
       states, replay_i = xs
@@ -261,38 +249,6 @@ class Transformer(nnx.Module):
     x, routers = jax.lax.scan(_remat(cfg.remat, unit), x, (stacked, replay))
     # [repeats, MoE per unit, ...] -> [MoE layers, ...] in layer order.
     return x, {k: v.reshape(-1, *v.shape[2:]) for k, v in routers.items()}
-
-  def _cached_blocks(self, x, shared, moe, cache, cache_pos, cache_seg,
-                     expert_idx):
-    """Every block over a cache: (x, router stats, new keys, new values, Mamba states)."""
-    new_k, new_v, routers, new_m = [], [], [], []
-    b, t, _ = x.shape
-    for blk in self.blocks:
-      h = blk.norm(x)
-      if blk.kind == ATTENTION:
-        a = len(new_k)
-        h, (kk, vv) = blk.mixer(
-            h, positions_bt=shared['positions_bt'],
-            segment_ids_bt=shared['segment_ids_bt'], rope_cs=shared['rope_cs'],
-            mask_bts=shared['mask_bts'], kv_cache=(cache.k[a], cache.v[a]),
-            cache_index=cache.index, cache_positions_bs=cache_pos,
-            cache_segment_ids_bs=cache_seg)
-        new_k.append(kk)
-        new_v.append(vv)
-      elif blk.kind == MOE:
-        replay = None if expert_idx is None else expert_idx[len(routers)]
-        h, stats = blk.mixer(h, valid_bt=shared['valid_bt'],
-                             expert_idx_btk=replay,
-                             dispatch=moe[0], capacity=moe[1])
-        routers.append(stats)
-      elif blk.kind == MAMBA:
-        h, st = blk.mixer(h, reset_bt=shared['reset_bt'],
-                          state=cache.mamba[len(new_m)])
-        new_m.append(st)
-      else:
-        h = blk.mixer(h.reshape(b * t, -1)).reshape(b, t, -1)
-      x = self.constrain(x + h)
-    return x, _stack_stats(routers), new_k, new_v, new_m
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] in the compute dtype."""

@@ -27,6 +27,7 @@ from cascade_jax.ops._cpu import kernel_enabled as cpu_kernel_enabled
 from cascade_jax.ops._decode import argmax
 from cascade_jax.ops._decode import moe_decode_uses_kernel
 from cascade_jax.ops._decode import moe_ffn
+from cascade_jax.ops._decode import moe_ffn_available
 from cascade_jax.ops._logprobs import token_logprobs
 from cascade_jax.ops._matmul import grouped_matmul
 from cascade_jax.ops._ssd import ssd

@@ -32,10 +32,9 @@ from absl import logging
 
 from cascade_jax import kernels
 from cascade_jax import utils
-from cascade_jax.kernels import _build
 from cascade_jax.ops import _registry
 
-ENV = _build.DISABLE_ENV  # CASCADE_JAX_CPU_KERNELS
+ENV = kernels.DISABLE_ENV  # CASCADE_JAX_CPU_KERNELS
 KERNEL_OPS = ('moe_decode', 'cache_attention', 'argmax')
 # A kernel must beat XLA by this factor at every calibrated size.
 MARGIN = 0.9
@@ -63,7 +62,7 @@ def kernel_enabled(op: str) -> bool | str:
   m = mode()
   if m == 'off':
     return f'{ENV}=0'
-  if _build._library() is None:  # pylint: disable=protected-access
+  if not kernels.built():
     return 'the CPU kernels did not build here (see the message above)'
   if m == 'on' or _registry.forced_choice(op) == 'cpu_kernel':
     return True
@@ -176,7 +175,7 @@ def _measure() -> dict:
 @functools.cache
 def calibration() -> dict:
   """op -> {use, kernel_us, xla_us, sizes}: measured once per machine and build, cached."""
-  path = _build.cache_path(f'calibration_v{_CALIBRATION_VERSION}.json')
+  path = kernels.cache_path(f'calibration_v{_CALIBRATION_VERSION}.json')
   path.parent.mkdir(parents=True, exist_ok=True)
   result = None
   if path.exists():

@@ -27,6 +27,11 @@ def moe_decode_uses_kernel(act: str, dtype) -> bool:
                         dtype=dtype) == 'cpu_kernel'
 
 
+def moe_ffn_available(act: str, dtype) -> bool:
+  """Whether the CPU kernel's sparse expert FFN can run `act` in `dtype` here."""
+  return kernels.moe_ffn_available(act, dtype)
+
+
 def moe_ffn(x_nd, idx_nk, w_nk, w_gate_edf, w_up_edf, w_down_efd, *, act: str):
   """The CPU kernel's sparse expert FFN (see `kernels.moe_ffn`), in x's dtype."""
   return kernels.moe_ffn(x_nd, idx_nk, w_nk, w_gate_edf, w_up_edf, w_down_efd,

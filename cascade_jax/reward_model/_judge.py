@@ -42,7 +42,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 
 from cascade_jax import data
@@ -127,10 +126,8 @@ def _train_step(state, batch, *, graph, opt):
     return loss, dict(nll=nll.mean())
 
   (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = opt.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  return train.TrainState(params, state.rest, opt_state, state.step + 1), dict(
-      m, loss=loss, grad_norm=optax.global_norm(grads))
+  state, grad_norm = train.apply_gradients(state, grads, opt)
+  return state, dict(m, loss=loss, grad_norm=grad_norm)
 
 
 @functools.partial(jax.jit, static_argnames=('graph',))

@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 
 from cascade_jax import data
@@ -90,10 +89,8 @@ def _train_step(state, batch, *, graph, opt):
     return losses.bradley_terry_loss(s[:n], s[n:])
 
   (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = opt.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  return train.TrainState(params, state.rest, opt_state, state.step + 1), dict(
-      m, loss=loss, grad_norm=optax.global_norm(grads))
+  state, grad_norm = train.apply_gradients(state, grads, opt)
+  return state, dict(m, loss=loss, grad_norm=grad_norm)
 
 
 @functools.partial(jax.jit, static_argnames=('graph',))
@@ -239,12 +236,9 @@ class RewardFunction:
 
   def __call__(self, records, responses) -> np.ndarray:
     t, last = encode_pairs(self.tok, records, responses, self.seq_len)
-    n = len(t)
-    # Rows padded (copies of the first) to a multiple of the devices the
-    # batch is split over: scores are per row (no token dropped).
-    pad = -n % self._rows_multiple
-    t, last = (np.concatenate([x, np.repeat(x[:1], pad, 0)]) for x in (t, last))
-    b = self._put(dict(tokens=t, last=last))
+    # Scores are per row (no token dropped): padding rows change none.
+    rows, n = sharding.pad_rows(dict(tokens=t, last=last), self._rows_multiple)
+    b = self._put(rows)
     s, dropped = sharding.to_host(_scores(self._graph, self._params,
                                           self._rest, b['tokens'], b['last']))
     self.last_dropped = float(dropped)

@@ -1,17 +1,31 @@
-"""The RL learner: rollouts, rewards, dynamic filtering, GRPO / MOPD updates."""
+"""RL: collect rollouts (sample, reward, filter, refill) into an `RLBatch`; `Learner.step` updates on it.
 
-from cascade_jax.rl._batch import training_batch
+  batch, stats = rl.collect(policy, tok, stream, cfg, key, reward_fn)
+  state, metrics = learner.step(state, batch)
+
+`rl.run` is one GRPO / MOPD stage: that loop with logging, checkpoints,
+resume and evaluation.
+"""
+
+from cascade_jax.rl._batch import concatenate
+from cascade_jax.rl._batch import from_episodes
+from cascade_jax.rl._batch import from_rollout
+from cascade_jax.rl._batch import RLBatch
+from cascade_jax.rl._collect import collect
+from cascade_jax.rl._collect import overlong_penalty
+from cascade_jax.rl._collect import PromptStream
+from cascade_jax.rl._collect import refill_size
+from cascade_jax.rl._collect import RewardFn
+from cascade_jax.rl._collect import step_metrics
+from cascade_jax.rl._collect import verifier_rewards
+from cascade_jax.rl._config import RLConfig
 from cascade_jax.rl._learner import check_on_policy
-from cascade_jax.rl._learner import collect
 from cascade_jax.rl._learner import exact_moe
-from cascade_jax.rl._learner import overlong_penalty
-from cascade_jax.rl._learner import refill_size
+from cascade_jax.rl._learner import freeze
+from cascade_jax.rl._learner import Frozen
 from cascade_jax.rl._learner import frozen_logprobs
-from cascade_jax.rl._learner import PromptStream
-from cascade_jax.rl._learner import RLConfig
-from cascade_jax.rl._learner import trim_right
+from cascade_jax.rl._learner import Learner
+from cascade_jax.rl._learner import load_teachers
+from cascade_jax.rl._learner import teacher_rows
 from cascade_jax.rl._learner import update
-from cascade_jax.rl._learner import verifier_rewards
-from cascade_jax.rl._stage import load_teachers
 from cascade_jax.rl._stage import run
-from cascade_jax.rl._stage import update_minibatches

@@ -1,27 +1,126 @@
-"""From rollouts to a training batch: sequences, targets, response masks, sampler log-probs."""
+"""`RLBatch`: the learner's one batch type, built here from single-turn rollouts or multi-turn episodes.
+
+Every array is batch-major, a row per rollout: [B, T] token arrays (the
+sequence, shifted: position t's input predicts target t), [B] per-rollout
+values, and the routing the sampler used, [B, T, L_moe, k]. Row b of one
+array is row b of every other, so a batch is sliced, filtered, trimmed and
+concatenated the same way whatever it holds (`rows`, `concatenate`,
+`trim_right`), and split over devices or micro-batches by its first axis.
+
+    tokens   prompt (left-padded) + response, or a whole episode
+    inputs   tokens[:-1]      targets  tokens[1:]
+    mask     1 where the target is a token the model sampled (the loss)
+    sampler_logp / kept   what the sampler drew each sampled token with
+
+The collector fills the rollout's fields and `rewards`; the learner adds
+`advantages` and the frozen models' log-probs (`ref_logp`, `teacher_logp`)
+on the device before its update.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
+import jax
 import numpy as np
 
 from cascade_jax import rollout
 
+_ROW_FIELDS = ('rewards', 'advantages')     # [B]; every other array is [B, T, ...]
 
-def training_batch(prompt_bp: np.ndarray, prompt_len_b: np.ndarray,
-                   ro: rollout.Rollout) -> dict[str, np.ndarray]:
-  """The learner's view of a rollout batch, aligned with the sampler.
+
+@dataclasses.dataclass(frozen=True)
+class RLBatch:
+  """Rollouts as the learner scores them (see the module docstring).
+
+  Host-side only (dropped when the batch goes through `jax.jit`):
+  `domains`, each row's domain (MOPD asks that domain's teacher), and
+  `learn`, False for a batch with nothing to learn from (every group was
+  filtered): the learner then only checks that it scores what the sampler
+  drew.
+  """
+  inputs: np.ndarray | jax.Array              # [B, T] int32
+  targets: np.ndarray | jax.Array             # [B, T] int32
+  positions: np.ndarray | jax.Array           # [B, T] int32
+  segment_ids: np.ndarray | jax.Array         # [B, T] int32, 0: padding
+  mask: np.ndarray | jax.Array                # [B, T] int32, 1: a sampled target
+  sampler_logp: np.ndarray | jax.Array        # [B, T] float32, 0 off the mask
+  rewards: np.ndarray | jax.Array             # [B] float32
+  # [B, T] int32: the size of the top-k / top-p set each sampled token was
+  # drawn from (the vocabulary elsewhere); None when the sampler kept none.
+  kept: np.ndarray | jax.Array | None = None
+  expert_idx: np.ndarray | jax.Array | None = None   # [B, T, L_moe, k]
+  advantages: np.ndarray | jax.Array | None = None   # [B] float32
+  ref_logp: np.ndarray | jax.Array | None = None     # [B, T] float32
+  teacher_logp: np.ndarray | jax.Array | None = None  # [B, T] float32
+  domains: tuple[str, ...] = ()
+  learn: bool = True
+
+  @property
+  def num_rows(self) -> int:
+    return self.mask.shape[0]
+
+  def arrays(self) -> dict[str, np.ndarray | jax.Array]:
+    """The arrays that are set, by field name."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.name not in ('domains', 'learn')
+            and getattr(self, f.name) is not None}
+
+  def replace(self, **changes) -> 'RLBatch':
+    return dataclasses.replace(self, **changes)
+
+  def rows(self, index) -> 'RLBatch':
+    """The rows `index` (a slice or integer array) of every array."""
+    doms = np.asarray(self.domains, object)[index] if self.domains else ()
+    return self.replace(**{k: v[index] for k, v in self.arrays().items()},
+                        domains=tuple(doms))
+
+  def trim_right(self, bucket: int) -> 'RLBatch':
+    """Drops trailing positions that no row's loss reaches, in whole buckets.
+
+    Responses are usually far shorter than the generation budget; the
+    learner's forward and backward passes (and the frozen models') then
+    skip the empty tail. Whole buckets keep the shapes few (one compile
+    each).
+    """
+    width = self.mask.shape[1]
+    used = np.flatnonzero(np.asarray(self.mask).any(axis=0))
+    need = int(used[-1]) + 1 if used.size else 1
+    keep = width - (width - need) // bucket * bucket
+    if keep == width:
+      return self
+    return self.replace(**{k: v if k in _ROW_FIELDS else v[:, :keep]
+                           for k, v in self.arrays().items()})
+
+
+jax.tree_util.register_dataclass(
+    RLBatch, data_fields=[f.name for f in dataclasses.fields(RLBatch)
+                          if f.name not in ('domains', 'learn')],
+    meta_fields=[], drop_fields=['domains', 'learn'])
+
+
+def concatenate(batches: Sequence[RLBatch]) -> RLBatch:
+  """The rows of `batches` one after another (host arrays)."""
+  first = batches[0]
+  arrays = {k: np.concatenate([np.asarray(getattr(b, k)) for b in batches])
+            for k in first.arrays()}
+  return first.replace(**arrays, domains=tuple(
+      d for b in batches for d in b.domains))
+
+
+def from_rollout(prompt_bp: np.ndarray, prompt_len_b: np.ndarray,
+                 ro: rollout.Rollout, rewards: np.ndarray,
+                 domains: Sequence[str] = ()) -> RLBatch:
+  """The learner's view of single-turn rollouts, aligned with the sampler.
 
   The sequence is the left-padded prompt [B, P] followed by the response
-  [B, N]; position t predicts token t + 1. Targets on response positions
-  are the sampled tokens, with the response mask and the sampler's
-  log-probs at the same places, so `logp[mask]` from a forward pass over
-  `inputs` is directly comparable to `sampler_logp[mask]`.
-
-  Returns:
-    inputs, positions, segment_ids: [B, P + N - 1] (the last token is never
-    an input); targets, mask, sampler_logp: [B, P + N - 1]; and, when the
-    sampler recorded them, kept: [B, P + N - 1] the size of the top-k /
-    top-p set each response token was drawn from (elsewhere the vocabulary).
+  [B, N], so T = P + N - 1 (the last token is never an input). Targets on
+  response positions are the sampled tokens, with the mask and the
+  sampler's log-probs at the same places: `logp[mask]` of a forward pass
+  over `inputs` is directly comparable to `sampler_logp[mask]`. The
+  sampler's routing of prompt + response ([B, P + N, L, k]) loses its last
+  position, never fed.
   """
   b, p = prompt_bp.shape
   toks = np.asarray(ro.tokens)
@@ -30,18 +129,62 @@ def training_batch(prompt_bp: np.ndarray, prompt_len_b: np.ndarray,
   seq = np.concatenate([prompt_bp, toks], axis=1)            # [B, P + N]
   pos = np.arange(p + n)[None, :] - (p - prompt_len_b[:, None])
   valid = np.concatenate([pos[:, :p] >= 0, mask_r > 0], axis=1)
-  inputs, targets = seq[:, :-1], seq[:, 1:]
   mask = np.zeros((b, p + n - 1), np.int32)
   mask[:, p - 1:] = mask_r                                   # response targets
   lp = np.zeros((b, p + n - 1), np.float32)
   lp[:, p - 1:] = np.asarray(ro.logprobs)
-  out = dict(inputs=inputs.astype(np.int32), targets=targets.astype(np.int32),
-             positions=np.maximum(pos[:, :-1], 0).astype(np.int32),
-             segment_ids=valid[:, :-1].astype(np.int32), mask=mask,
-             sampler_logp=lp)
+  kept = None
   if ro.kept is not None:
     kept_r = np.asarray(ro.kept)
     kept = np.full((b, p + n - 1), kept_r.max(initial=1), np.int32)
     kept[:, p - 1:] = np.where(mask_r > 0, kept_r, kept.max(initial=1))
-    out['kept'] = kept
-  return out
+  return RLBatch(
+      inputs=seq[:, :-1].astype(np.int32), targets=seq[:, 1:].astype(np.int32),
+      positions=np.maximum(pos[:, :-1], 0).astype(np.int32),
+      segment_ids=valid[:, :-1].astype(np.int32), mask=mask, sampler_logp=lp,
+      rewards=np.asarray(rewards, np.float32), kept=kept,
+      expert_idx=(None if ro.expert_idx is None else
+                  np.asarray(ro.expert_idx)[:, :-1]),
+      domains=tuple(domains))
+
+
+def from_episodes(episodes: Sequence[rollout.Episode], width: int
+                  ) -> RLBatch:
+  """The learner's view of multi-turn episodes: each contiguous, right-padded to `width` inputs.
+
+  An episode's tokens are its prompt, reply 1, observation 1, reply 2, ...;
+  `mask` is 1 exactly where the target is a token the model sampled (the
+  environment's tokens carry no loss and no advantage), with the sampler's
+  log-probs and kept-set sizes there, and the experts every token was
+  routed to. Its reward is the environment's.
+  """
+  b = len(episodes)
+  z = lambda dt: np.zeros((b, width), dt)
+  arr = dict(inputs=z(np.int32), targets=z(np.int32), positions=z(np.int32),
+             segment_ids=z(np.int32), mask=z(np.int32),
+             sampler_logp=z(np.float32), kept=np.ones((b, width), np.int32))
+  experts = None
+  if all(e.experts for e in episodes):
+    l, k = episodes[0].experts[0].shape
+    experts = np.zeros((b, width, l, k), np.int32)
+  for i, e in enumerate(episodes):
+    n = len(e.tokens) - 1
+    if n > width:
+      raise ValueError(f'episode of {n + 1} tokens does not fit a batch of '
+                       f'width {width} (+1)')
+    t = np.asarray(e.tokens, np.int32)
+    arr['inputs'][i, :n] = t[:-1]
+    arr['targets'][i, :n] = t[1:]
+    arr['positions'][i, :n] = np.arange(n)
+    arr['segment_ids'][i, :n] = 1
+    arr['mask'][i, :n] = np.asarray(e.model[1:], np.int32)
+    arr['sampler_logp'][i, :n] = np.asarray(e.logprobs[1:], np.float32)
+    kept = np.asarray(e.kept[1:], np.int32)
+    arr['kept'][i, :n] = np.where(kept > 0, kept, 1)
+    if experts is not None:
+      experts[i, :n] = np.stack(e.experts[:-1])
+  vocab_max = arr['kept'].max(initial=1)
+  arr['kept'] = np.where(arr['mask'] > 0, arr['kept'], vocab_max)
+  return RLBatch(**arr, expert_idx=experts,
+                 rewards=np.asarray([e.reward for e in episodes], np.float32),
+                 domains=tuple(e.record['domain'] for e in episodes))

@@ -1,6 +1,5 @@
 """The rollout engine: jitted KV-cache sampling shared by RL and evaluation."""
 
-from cascade_jax.rollout._benchmark import moe_decode_benchmark
 from cascade_jax.rollout._decode import decode_forward
 from cascade_jax.rollout._decode import decode_weights
 from cascade_jax.rollout._decode import DecodeWeights
@@ -19,7 +18,6 @@ from cascade_jax.rollout._sampler import trace_count
 from cascade_jax.rollout._sampler import truncates
 from cascade_jax.rollout._episodes import ENDS
 from cascade_jax.rollout._episodes import Episode
-from cascade_jax.rollout._episodes import episode_batch
 from cascade_jax.rollout._episodes import EpisodeConfig
 from cascade_jax.rollout._episodes import make_env
 from cascade_jax.rollout._episodes import run_episodes

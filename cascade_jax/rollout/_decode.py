@@ -18,7 +18,6 @@ import jax.numpy as jnp
 
 from cascade_jax import model as model_lib
 from cascade_jax import ops
-from cascade_jax.model import _dispatch as dispatch
 
 
 @jax.tree_util.register_dataclass
@@ -110,23 +109,24 @@ def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str,
     w_gate, w_up, w_down = dw.flat
     d, num_experts, f = w_gate.shape
     flat = lambda w: w.reshape(d, num_experts * f)  # a bitcast, not a copy
-    dense = lambda: dispatch.flat_mlp(
-        x_nd, dispatch.combine_weights(idx_nk, w_nk, num_experts), flat(w_gate),
+    dense = lambda: model_lib.flat_mlp(
+        x_nd, model_lib.combine_weights(idx_nk, w_nk, num_experts), flat(w_gate),
         None if w_up is None else flat(w_up),
         w_down.reshape(num_experts * f, d), act)
     n, k = idx_nk.shape
     if n * k < PREFILL_ROWS_PER_EXPERT * num_experts:
       return dense()
-    cap = dispatch.capacity(n, k, num_experts,
-                               dispatch.DROPLESS_CAPACITY_FACTOR)
-    return dispatch.dropless(x_nd, idx_nk, w_nk, dw.stacked, act, num_experts, cap,
-                     (), (), valid_n, dense=dense)[0]
-  comb = dispatch.combine_weights(idx_nk, w_nk, len(dw.per_expert)).astype(x_nd.dtype)
+    cap = model_lib.expert_capacity(n, k, num_experts,
+                                    model_lib.DROPLESS_CAPACITY_FACTOR)
+    return model_lib.dropless_experts(x_nd, idx_nk, w_nk, dw.stacked, act,
+                                      num_experts, cap, (), (), valid_n,
+                                      dense=dense)[0]
+  comb = model_lib.combine_weights(idx_nk, w_nk, len(dw.per_expert)).astype(x_nd.dtype)
   chosen = jnp.any(comb != 0, axis=0)
   out = jnp.zeros_like(x_nd)
   for e, (w_gate, w_up, w_down) in enumerate(dw.per_expert):
     def add_expert(y, e=e, w_gate=w_gate, w_up=w_up, w_down=w_down):
-      h = dispatch.activation(act, x_nd @ w_gate,
+      h = model_lib.activation(act, x_nd @ w_gate,
                               None if w_up is None else x_nd @ w_up)
       return y + (h @ w_down) * comb[:, e:e + 1]
     out = jax.lax.cond(chosen[e], add_expert, lambda y: y, out)
@@ -193,7 +193,7 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
 
   Returns:
     (logits [B, T or 1, V] fp32, the updated cache, experts chosen
-    [L_moe, B, T, k] or None without MoE layers).
+    [B, T, L_moe, k] or None without MoE layers).
   """
   cfg = model.cfg
   b, t = tokens_bt.shape
@@ -246,7 +246,7 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
   new_cache = model_lib.KVCache(k=tuple(new_k), v=tuple(new_v),
                                 positions=cache_pos, segment_ids=cache_seg,
                                 index=cache.index + t, mamba=tuple(states))
-  return logits, new_cache, jnp.stack(experts) if experts else None
+  return logits, new_cache, jnp.stack(experts, axis=2) if experts else None
 
 
 __all__ = ['DecodeWeights', 'decode_forward', 'decode_weights', 'forward',

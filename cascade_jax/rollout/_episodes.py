@@ -9,10 +9,9 @@ the environment ends it; it earns 0 when it runs out of turns
 observation plus a full reply would not fit) or when a reply is cut at
 `max_new_tokens` (no stop token: nothing the environment could act on).
 
-`episode_batch` lays each episode out contiguously (prompt, reply 1,
-observation 1, reply 2, ...) with the loss mask on the model's own tokens
-only, the sampler's log-probs there, and the experts every token was routed
-to, so the learner scores exactly what was sampled (tests/test_episodes.py).
+An `Episode` keeps each token's log-prob, kept-set size and experts as the
+sampler drew it, so the learner's batch of episodes (`rl.from_episodes`)
+scores exactly what was sampled (tests/test_episodes.py).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ import numpy as np
 from cascade_jax import data
 from cascade_jax import domains
 from cascade_jax import envs as envs_lib
+from cascade_jax import sharding
 from cascade_jax.rollout._sampler import SampleConfig
 from cascade_jax.rollout._turns import APPEND_BUCKET
 from cascade_jax.rollout._turns import Conversation
@@ -129,7 +129,6 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
   key = jax.random.key(0) if key is None else key
   sample = dataclasses.replace(sample, max_new_tokens=cfg.max_new_tokens)
   ctx = getattr(model, 'ctx', None)
-  pad = 0 if ctx is None else -len(records) % ctx.shards('batch')
   need_sandbox = any(domains.get(r['domain']).needs_sandbox for r in records)
   if need_sandbox and sandbox is None:
     sandbox = _tool_sandbox()
@@ -145,7 +144,8 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
           f'{cfg.max_tokens}')
     eps.append(Episode(r, list(ids), [0] * len(ids), [0.0] * len(ids),
                        [0] * len(ids), [], messages=list(first)))
-  prompts = [e.tokens for e in eps] + [eps[-1].tokens] * pad
+  prompts, _ = sharding.pad_rows([e.tokens for e in eps],
+                                 1 if ctx is None else ctx.shards('batch'))
   width = max(max(map(len, prompts)), prompt_width)
   conv = Conversation(model, prompts, cfg=sample,
                       max_slots=cfg.slots(width), stop_id=tok.im_end,
@@ -155,8 +155,7 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
   if conv_experts is not None:
     for i, e in enumerate(eps):
       n = len(e.tokens)
-      e.experts = list(conv_experts[:, i, conv_experts.shape[2] - n:]
-                       .transpose(1, 0, 2))
+      e.experts = list(conv_experts[i, conv_experts.shape[1] - n:])
   alive = np.zeros(len(prompts), bool)
   alive[:len(eps)] = True
   pool = concurrent.futures.ThreadPoolExecutor(max(1, workers))
@@ -177,8 +176,8 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
         e.kept += out.kept[i, :n].tolist()
         if out.experts is not None:
           # The reply's last token is fed with the next observation (if any).
-          e.experts += list(out.experts[:, i, :n - 1].transpose(1, 0, 2))
-          e.experts.append(np.zeros_like(out.experts[:, i, 0]))
+          e.experts += list(out.experts[i, :n - 1])
+          e.experts.append(np.zeros_like(out.experts[i, 0]))
         reply = [t for t in out.tokens[i, :n] if t != tok.im_end]
         texts[i] = tok.decode(reply)
         e.messages.append({'role': 'assistant', 'content': texts[i]})
@@ -216,53 +215,10 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
         for i, toks in feed.items():
           e = eps[i]
           if exps is not None:
-            block = list(exps[:, i, exps.shape[2] - len(toks):]
-                         .transpose(1, 0, 2))
+            block = list(exps[i, exps.shape[1] - len(toks):])
             # The reply's last token, then the observation.
             e.experts[-1] = block[0]
             e.experts += block[1:]
   finally:
     pool.shutdown()
   return eps
-
-
-def episode_batch(episodes: Sequence[Episode], width: int
-                  ) -> dict[str, np.ndarray]:
-  """The learner's batch: each episode contiguous, right-padded to `width` inputs.
-
-  inputs / targets / positions / segment_ids / mask / sampler_logp / kept
-  [B, width]; expert_idx [L_moe, B, width, k] when the episodes recorded
-  experts. `mask` is 1 exactly where the target is a token the model
-  sampled (the environment's tokens carry no loss and no advantage).
-  """
-  b = len(episodes)
-  out = dict(inputs=np.zeros((b, width), np.int32),
-             targets=np.zeros((b, width), np.int32),
-             positions=np.zeros((b, width), np.int32),
-             segment_ids=np.zeros((b, width), np.int32),
-             mask=np.zeros((b, width), np.int32),
-             sampler_logp=np.zeros((b, width), np.float32),
-             kept=np.ones((b, width), np.int32))
-  with_experts = all(e.experts for e in episodes)
-  if with_experts:
-    l, k = episodes[0].experts[0].shape
-    out['expert_idx'] = np.zeros((l, b, width, k), np.int32)
-  for i, e in enumerate(episodes):
-    n = len(e.tokens) - 1
-    if n > width:
-      raise ValueError(f'episode of {n + 1} tokens does not fit a batch of '
-                       f'width {width} (+1)')
-    t = np.asarray(e.tokens, np.int32)
-    out['inputs'][i, :n] = t[:-1]
-    out['targets'][i, :n] = t[1:]
-    out['positions'][i, :n] = np.arange(n)
-    out['segment_ids'][i, :n] = 1
-    out['mask'][i, :n] = np.asarray(e.model[1:], np.int32)
-    out['sampler_logp'][i, :n] = np.asarray(e.logprobs[1:], np.float32)
-    kept = np.asarray(e.kept[1:], np.int32)
-    out['kept'][i, :n] = np.where(kept > 0, kept, 1)
-    if with_experts:
-      out['expert_idx'][:, i, :n] = np.stack(e.experts[:-1], axis=1)
-  vocab_max = out['kept'].max(initial=1)
-  out['kept'] = np.where(out['mask'] > 0, out['kept'], vocab_max)
-  return out

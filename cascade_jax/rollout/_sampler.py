@@ -19,6 +19,7 @@ from flax import nnx
 
 from cascade_jax import model as model_lib
 from cascade_jax import ops
+from cascade_jax import sharding
 from cascade_jax.rollout import _decode
 
 _NEG = -1e30
@@ -50,7 +51,7 @@ class Rollout:
   logprobs: jax.Array      # [B, N] log-prob of each token under the sampler
   mask: jax.Array          # [B, N] 1 for response tokens (stop token included)
   truncated: jax.Array     # [B] bool: hit max_new_tokens without stopping
-  expert_idx: jax.Array | None  # [L_moe, B, N, k] experts chosen per token
+  expert_idx: jax.Array | None  # [B, N, L_moe, k] experts chosen per token
   # [B, N] int32: how many tokens the top-k / top-p set kept at each step
   # (the vocabulary size when neither is on), so that the learner can score
   # a token over the very set it was drawn from (see `keep_top_n`).
@@ -154,7 +155,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
       cache=cache, layouts=decode_ws, last_logits_only=True)
   n_moe = model.cfg.pattern.count('E')
   k_top = model.cfg.moe.top_k if n_moe else 0
-  experts0 = jnp.zeros((n_moe, b, n, k_top), jnp.int32)
+  experts0 = jnp.zeros((b, n, n_moe, k_top), jnp.int32)
 
   if model.cfg.use_rope:  # every step's rotary tables: [B, N, 1, H/2] each
     rope_all = model_lib.rope_tables(prompt_len_b[:, None] + jnp.arange(n),
@@ -179,7 +180,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     if record_experts and n_moe:
       # The experts that consumed token t - 1: the training forward pass
       # over the sampled sequence routes that token with these.
-      experts = experts.at[:, :, t - 1].set(step_experts[:, :, 0])
+      experts = experts.at[:, t - 1].set(step_experts[:, 0])
     tok, key, toks, lps, kept, done = choose(t, logits[:, -1], key, toks, lps,
                                              kept, done)
     return (t + 1, tok, cache, key, toks, lps, kept, experts, done)
@@ -201,8 +202,12 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     prompt_experts = None
   return Rollout(tokens=toks, logprobs=lps * mask, mask=mask,
                  truncated=~has_stop, kept=kept,
-                 expert_idx=(jnp.concatenate([prompt_experts, experts], 2)
+                 expert_idx=(jnp.concatenate([prompt_experts, experts], 1)
                              if prompt_experts is not None else None)), cache
+
+
+# Made on the device (eagerly, `jnp.zeros` would send each fill value).
+_new_cache = jax.jit(model_lib.init_cache, static_argnums=(0, 1, 2))
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], bucket: int,
@@ -229,7 +234,7 @@ def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], *,
   """Samples one continuation per prompt (repeat prompts for G samples).
 
   With `record_experts`, `expert_idx` holds the experts of every position of
-  prompt + response ([L_moe, B, P + N, k], prompt left-padded to P), ready
+  prompt + response ([B, P + N, L_moe, k], prompt left-padded to P), ready
   to replay in the learner's forward pass; the last token sampled, never fed
   to the model, has zeros (the learner's inputs stop before it).
   """
@@ -250,20 +255,18 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
   of the larger batch's, and decoding is per row).
   """
   ctx = getattr(model, 'ctx', None)
-  pad = 0 if ctx is None else -len(lengths_b) % ctx.shards('batch')
-  if pad:
-    tokens_bp, lengths_b = (np.concatenate([np.asarray(x),
-                                            np.repeat(np.asarray(x)[-1:], pad,
-                                                      0)])
-                            for x in (tokens_bp, lengths_b))
+  (tokens_bp, lengths_b), n = sharding.pad_rows(
+      (np.asarray(tokens_bp), np.asarray(lengths_b)),
+      1 if ctx is None else ctx.shards('batch'))
+  if n < len(lengths_b):
     out = generate_padded(model, tokens_bp, lengths_b, cfg=cfg,
                           stop_id=stop_id, pad_id=pad_id, key=key,
                           record_experts=record_experts)
-    n = len(lengths_b) - pad
-    return jax.tree.map(lambda x: x[:, :n] if x.ndim == 4 else x[:n], out)
+    return jax.tree.map(lambda x: x[:n], out)
   graph, state = nnx.split(model)
   key = jax.random.key(0) if key is None else key
-  tokens_bp = jnp.asarray(tokens_bp)
+  # The prompts' one way in (explicit: allowed under a transfer guard).
+  tokens_bp, lengths_b = jax.device_put((tokens_bp, lengths_b))
   b, p = tokens_bp.shape
   # On the CPU an unsharded model's KV cache is kept between calls of one
   # shape and donated back: XLA:CPU takes a fresh cache from the OS at every
@@ -273,8 +276,8 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
   pool_key = (model.cfg, b, p + cfg.max_new_tokens)
   buffers = _CACHE_POOL.pop(pool_key, None) if reuse else None
   if reuse and buffers is None:
-    buffers = model_lib.init_cache(model.cfg, b, p + cfg.max_new_tokens)
-  out, cache = _generate(graph, state, tokens_bp, jnp.asarray(lengths_b), key,
+    buffers = _new_cache(model.cfg, b, p + cfg.max_new_tokens)
+  out, cache = _generate(graph, state, tokens_bp, lengths_b, key,
                          buffers, cfg=cfg, stop_id=stop_id, pad_id=pad_id,
                          record_experts=record_experts)
   if reuse:

@@ -10,7 +10,7 @@ the rest of its turn, and an appended block is left-padded the same way, so
 rows of different reply and observation lengths share one cache and one
 compiled step. Positions count a row's own tokens only: a row's keys, values
 and positions are exactly those of its episode laid out contiguously, which
-is the sequence the learner scores (`rollout.episode_batch`).
+is the sequence the learner scores (`rl.from_episodes`).
 
 The last token a turn samples (its <|im_end|>, or the last token of a cut
 reply) is not fed in that turn: the next `append` feeds it with the
@@ -54,7 +54,7 @@ class Turn:
   mask: np.ndarray         # [B, N] int32: the reply's tokens (stop included)
   kept: np.ndarray         # [B, N] int32: the sampler's kept-set sizes
   stopped: np.ndarray      # [B] bool: ended with the stop token
-  experts: np.ndarray | None   # [L_moe, B, N, k]: token t's experts (fed ones)
+  experts: np.ndarray | None   # [B, N, L_moe, k]: token t's experts (fed ones)
 
   @property
   def lengths(self) -> np.ndarray:
@@ -97,13 +97,12 @@ def _feed_steps(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
     logits = jnp.where(valid_b[:, None], step_logits[:, -1].astype(
         jnp.float32), logits)
     return (cache, logits), (jnp.zeros((0,), jnp.int32) if experts is None
-                             else experts[:, :, 0])
+                             else experts[:, 0])
 
   (cache, logits), experts = jax.lax.scan(
       step, (cache, prev_logits), (tokens_bw.T, valid_bw.T, pos_bw.T))
-  # experts: [W, L_moe, B, k] -> [L_moe, B, W, k]
-  experts = (None if experts.ndim < 4 else jnp.transpose(experts,
-                                                         (1, 2, 0, 3)))
+  # experts: [W, B, L_moe, k] -> [B, W, L_moe, k]
+  experts = None if experts.ndim < 4 else jnp.swapaxes(experts, 0, 1)
   return logits, cache, experts
 
 
@@ -139,8 +138,8 @@ def _turn(graph, state, logits0, cache, next_pos_b, active_b, key, *, cfg,
         segment_ids_bt=feed.astype(jnp.int32)[:, None], cache=cache,
         layouts=layouts, carry_mamba=model_lib.MAMBA in model.cfg.pattern)
     if record_experts and n_moe:
-      experts = experts.at[:, :, t - 1].set(
-          jnp.where(feed[None, :, None], step_experts[:, :, 0], 0))
+      experts = experts.at[:, t - 1].set(
+          jnp.where(feed[:, None, None], step_experts[:, 0], 0))
     logits = jnp.where(feed[:, None], step_logits[:, -1].astype(jnp.float32),
                        logits)
     tok, key, toks, lps, kept, done = choose(t, logits, key, toks, lps, kept,
@@ -153,7 +152,7 @@ def _turn(graph, state, logits0, cache, next_pos_b, active_b, key, *, cfg,
       jnp.zeros((b, n), jnp.float32),
       jnp.full((b, n), model.cfg.vocab_size, jnp.int32), done0)
   init = (jnp.ones((), jnp.int32), tok, cache, logits0, key, toks, lps, kept,
-          jnp.zeros((n_moe, b, n, k_top), jnp.int32), done)
+          jnp.zeros((b, n, n_moe, k_top), jnp.int32), done)
   t, _, cache, logits, _, toks, lps, kept, experts, _ = jax.lax.while_loop(
       cond, body, init)
   has_stop = jnp.any(toks == stop_id, axis=1) & active_b
@@ -201,7 +200,7 @@ class Conversation:
              bucket: int = APPEND_BUCKET, width: int = 0) -> np.ndarray | None:
     """Feeds each listed row its tokens (left-padded into one block).
 
-    Returns the experts of the block [L_moe, B, W, k] (or None), W the
+    Returns the experts of the block [B, W, L_moe, k] (or None), W the
     block's width; a row's tokens are its last `len(tokens)` columns.
     """
     longest = max((len(t) for t in rows.values()), default=0)
@@ -249,7 +248,7 @@ class Conversation:
     lengths = mask.sum(1)
     # Every reply's tokens but its last were fed.
     self.next_pos += np.maximum(lengths - 1, 0).astype(np.int32)
-    has_moe = experts is not None and experts.shape[0] > 0
+    has_moe = experts is not None and experts.shape[2] > 0
     return Turn(np.asarray(toks), np.asarray(lps), np.asarray(mask),
                 np.asarray(kept), np.asarray(stopped),
                 np.asarray(experts) if self.record_experts and has_moe

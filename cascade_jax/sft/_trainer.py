@@ -11,6 +11,7 @@ and resumes from its latest checkpoint when started again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -19,7 +20,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from flax import nnx
 
 from cascade_jax import data
@@ -30,7 +30,13 @@ from cascade_jax import sharding
 from cascade_jax import train
 
 
-def _loss_fn(params, rest, graph, batch, n_tokens, aux_scale):
+def loss_fn(params, rest, graph, batch, n_tokens, aux_scale):
+  """SFT's loss on (a micro-batch of) packed rows: (loss, (nll, router stats)).
+
+  The masked next-token NLL summed, over `n_tokens` (the whole batch's loss
+  tokens, so micro-batches add up to the batch's mean), plus the router's
+  aux losses times `aux_scale` (1 / micro-batches: their mean).
+  """
   model = nnx.merge(graph, params, rest)
   _, info = model(batch['inputs'], positions_bt=batch['positions'],
                   segment_ids_bt=batch['segment_ids'], return_logits=False)
@@ -42,48 +48,41 @@ def _loss_fn(params, rest, graph, batch, n_tokens, aux_scale):
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'opt', 'accum',
-                                             'bias_rate', 'n_moe',
-                                             'num_experts'),
+                                             'bias_rate', 'n_moe'),
                    donate_argnums=0)
 def train_step(state: train.TrainState, batch, *, graph, opt, accum: int,
-               bias_rate: float, n_moe: int, num_experts: int):
+               bias_rate: float, n_moe: int):
   """One optimizer step over `batch`, split into `accum` micro-batches.
 
   The loss is the token mean over the whole batch: each micro-batch's sum
-  is divided by the batch's token count, so accumulation is exact.
+  is divided by the batch's token count, so accumulation is exact
+  (`train.accumulate_gradients`).
   """
   n_tokens = jnp.maximum(jnp.sum(batch['mask']), 1).astype(jnp.float32)
-  micro = jax.tree.map(lambda x: x.reshape(accum, -1, *x.shape[1:]), batch)
-  grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
 
-  def body(carry, mb):
-    g_acc, nll_acc, loads = carry
-    (_, (nll, router)), g = grad_fn(state.params, state.rest, graph, mb,
-                                    n_tokens, 1.0 / accum)
-    load = router.get('load', loads[0] * 0)
-    return (jax.tree.map(jnp.add, g_acc, g), nll_acc + nll,
-            (loads[0] + load / accum, loads[1] + router.get(
-                'dropped', jnp.zeros_like(loads[1])) / accum)), None
+  def micro_loss(params, mb):
+    loss, (nll, router) = loss_fn(params, state.rest, graph, mb, n_tokens,
+                                  1.0 / accum)
+    m = dict(nll=nll)
+    if n_moe:   # means over the micro-batches
+      m.update(load=router['load'] / accum, dropped=router['dropped'] / accum)
+    return loss, m
 
-  zeros_load = (jnp.zeros((n_moe, num_experts)),
-                jnp.zeros((n_moe,)))
-  g0 = jax.tree.map(jnp.zeros_like, state.params)
-  (grads, nll, (load, dropped)), _ = jax.lax.scan(
-      body, (g0, jnp.zeros(()), zeros_load), micro)
-  updates, opt_state = opt.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  rest = state.rest
+  _, m, grads = train.accumulate_gradients(micro_loss, state.params, batch,
+                                           accum)
+  state, grad_norm = train.apply_gradients(state, grads, opt)
   if n_moe and bias_rate:
-    m = nnx.merge(graph, params, rest)
-    m.update_expert_biases(load, bias_rate)
-    rest = nnx.state(m, nnx.Not(nnx.Param))
-  metrics = dict(loss=nll / n_tokens, grad_norm=optax.global_norm(grads),
+    model = nnx.merge(graph, state.params, state.rest)
+    model.update_expert_biases(m['load'], bias_rate)
+    state = dataclasses.replace(state, rest=nnx.state(model, nnx.Not(nnx.Param)))
+  metrics = dict(loss=m['nll'] / n_tokens, grad_norm=grad_norm,
                  tokens=n_tokens)
   if n_moe:
+    load = m['load']
     metrics.update(expert_load_max=jnp.max(load) * load.shape[-1],
                    expert_load_min=jnp.min(load) * load.shape[-1],
-                   dropped=jnp.mean(dropped))
-  return train.TrainState(params, rest, opt_state, state.step + 1), metrics
+                   dropped=jnp.mean(m['dropped']))
+  return state, metrics
 
 
 # ------------------------------------------------------------------ setup
@@ -158,8 +157,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   step_fn = functools.partial(train_step, graph=graph, opt=opt,
                               accum=config.accum_steps,
                               bias_rate=config.expert_bias_rate,
-                              n_moe=cfg.pattern.count('E'),
-                              num_experts=cfg.moe.num_experts if cfg.moe else 0)
+                              n_moe=cfg.pattern.count('E'))
   t_last, tok_count = time.perf_counter(), 0.0
   for step in range(start, config.steps):
     batch = next(it)

@@ -2,6 +2,7 @@
 
 from cascade_jax.sharding._params import abstract_state
 from cascade_jax.sharding._params import logical_axes_of
+from cascade_jax.sharding._params import pad_rows
 from cascade_jax.sharding._params import put
 from cascade_jax.sharding._params import shard_model
 from cascade_jax.sharding._params import state_shardings

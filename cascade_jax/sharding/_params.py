@@ -61,17 +61,40 @@ def shard_model(model: nnx.Module, ctx: ShardingCtx) -> nnx.Module:
 def to_host(tree):
   """numpy values of a pytree of arrays, on every process.
 
-  `jax.device_get` refuses arrays that span other processes' devices; those
-  are gathered (replicated ones read from a local copy).
+  One explicit transfer (`jax.device_get` of the whole tree), so it passes
+  `jax.transfer_guard('disallow')`. `jax.device_get` refuses arrays that
+  span other processes' devices; those are gathered (replicated ones read
+  from a local copy).
   """
   def get(x):
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
-      return np.asarray(x)
+      return x
     if x.is_fully_replicated:
-      return np.asarray(x.addressable_data(0))
+      return x.addressable_data(0)
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return jax.tree.map(get, tree)
+    return multihost_utils.process_allgather(x, tiled=True)
+  return jax.tree.map(np.asarray, jax.device_get(jax.tree.map(get, tree)))
+
+
+def pad_rows(tree, multiple: int):
+  """(tree with every leaf's rows padded to a multiple of `multiple`, rows before).
+
+  Leaves are [B, ...] (numpy or jax) with the same B, or `tree` is a list
+  of rows (e.g. token lists); the padding repeats the last row. The one way
+  rows are padded to the devices a batch is split over
+  (`ShardingCtx.shards('batch')`): a copy computes what its row does, and
+  the caller drops the padding (`x[:rows]`).
+  """
+  if isinstance(tree, list):
+    return tree + tree[-1:] * (-len(tree) % max(multiple, 1)), len(tree)
+  leaves = jax.tree.leaves(tree)
+  rows = leaves[0].shape[0] if leaves else 0
+  pad = -rows % max(multiple, 1)
+  if not pad:
+    return tree, rows
+  xp = lambda x: jax.numpy if isinstance(x, jax.Array) else np
+  return jax.tree.map(lambda x: xp(x).concatenate(
+      [x, xp(x).repeat(x[-1:], pad, axis=0)]), tree), rows
 
 
 def abstract_state(ctx: ShardingCtx | None, state: nnx.State) -> nnx.State:

@@ -22,3 +22,8 @@ from cascade_jax.train._setup import placement_defaults
 from cascade_jax.train._setup import resolve
 from cascade_jax.train._setup import Setup
 from cascade_jax.train._state import opt_state_shardings
+from cascade_jax.train._update import accumulate_gradients
+from cascade_jax.train._update import apply_gradients
+from cascade_jax.train._update import check_micro_batches
+from cascade_jax.train._update import micro_batch_rows
+from cascade_jax.train._update import split_micro_batches

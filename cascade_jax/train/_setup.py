@@ -35,7 +35,6 @@ import os
 import shutil
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -174,25 +173,24 @@ class Setup:
 
   # ---------------------------------------------------- data and state
 
-  def put(self, batch: dict) -> dict:
-    """A host batch ([B, ...] numpy arrays, the same on every process) on
-    the mesh, split over the `batch` rule's axes."""
+  def put(self, batch):
+    """A host batch (a pytree of [B, ...] numpy arrays, the same on every
+    process) on the mesh, every leaf split by rows over the `batch` rule's
+    axes; one explicit transfer."""
     if self.ctx is None:
-      return {k: jnp.asarray(v) for k, v in batch.items()}
+      return jax.device_put(batch)
     n = self.ctx.shards('batch')
-    out = {}
-    for k, v in batch.items():
+
+    def put(path, v):
       v = np.asarray(v)
-      axis = 1 if k == 'expert_idx' else 0
-      if v.ndim and v.shape[axis] % n:
+      if v.ndim and v.shape[0] % n:
         raise ValueError(
-            f'{self.name}: batch {k!r} has {v.shape[axis]} rows, not a '
-            f"multiple of the {n} devices its 'batch' axes "
-            f'{self.ctx.mesh_axes("batch")} split it over')
-      axes = ((None, 'batch') if axis else ('batch',)) + (None,) * (
-          v.ndim - axis - 1)
-      out[k] = sharding.put(v, self.ctx.sharding(axes[:v.ndim], v.shape))
-    return out
+            f'{self.name}: batch {jax.tree_util.keystr(path)} has '
+            f'{v.shape[0]} rows, not a multiple of the {n} devices its '
+            f"'batch' axes {self.ctx.mesh_axes('batch')} split it over")
+      axes = ('batch',) + (None,) * (v.ndim - 1)
+      return sharding.put(v, self.ctx.sharding(axes[:v.ndim], v.shape))
+    return jax.tree_util.tree_map_with_path(put, batch)
 
   def init_state(self, model: nnx.Module, opt: optax.GradientTransformation):
     return _state.init_state(model, opt)

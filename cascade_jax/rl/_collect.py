@@ -1,0 +1,228 @@
+"""Rollouts for one RL step: sample, score, filter, refill, penalise the overlong; an `RLBatch` out.
+
+The recipe's collection, strictly on-policy: every group in a step's batch
+was sampled by the current policy. Groups whose rewards are all equal carry
+no GRPO signal and are dropped (dynamic filtering), and more prompts are
+sampled until the step has `prompts_per_step` groups or the refill rounds
+run out. A response cut at the token budget is penalised, filtered out of
+the loss or kept, as the stage says (`RLConfig.overlong`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from cascade_jax import data
+from cascade_jax import domains
+from cascade_jax import rollout
+from cascade_jax import sharding
+from cascade_jax.rl import _batch
+from cascade_jax.rl._config import RLConfig
+
+
+@dataclasses.dataclass
+class PromptStream:
+  """Prompts in a seeded order (a new permutation each epoch), resumable from `position`."""
+  records: Sequence[dict]
+  seed: int = 0
+  position: int = 0
+  _width: int | None = dataclasses.field(default=None, repr=False)
+  _order: tuple[int, np.ndarray] | None = dataclasses.field(default=None,
+                                                           repr=False)
+
+  def prompt_width(self, tok: data.Tokenizer) -> int:
+    """Tokens in the longest prompt of the stream (computed once)."""
+    if self._width is None:
+      self._width = max(len(data.encode_prompt(tok, r['messages']))
+                        for r in self.records)
+    return self._width
+
+  def take(self, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+      epoch, i = divmod(self.position, len(self.records))
+      if self._order is None or self._order[0] != epoch:  # once per epoch
+        self._order = (epoch, np.random.RandomState(self.seed + epoch)
+                       .permutation(len(self.records)))
+      out.append(self.records[self._order[1][i]])
+      self.position += 1
+    return out
+
+
+RewardFn = Callable[[Sequence[dict], Sequence[str]], np.ndarray]
+
+
+def verifier_rewards(records, responses, sandbox=None) -> np.ndarray:
+  """Rewards from each record's domain verifier."""
+  return np.asarray([s.reward for s in domains.score(records, responses,
+                                                     sandbox=sandbox)],
+                    np.float32)
+
+
+def refill_size(missing: int, prompts_per_step: int) -> int:
+  """Prompts to sample in a refill round for `missing` groups.
+
+  The next power of two, at least a quarter of a step's prompts and at most
+  all of them: a refill samples little more than it needs, in at most three
+  sampler shapes besides the step's own (each compiles once).
+  """
+  floor = max(prompts_per_step // 4, 1)
+  return min(max(1 << (missing - 1).bit_length(), floor), prompts_per_step)
+
+
+def overlong_penalty(rewards, truncated, group_size: int, *,
+                     bounded: bool = True) -> np.ndarray:
+  """A cut response's reward: 0 for a verifier's rewards, else its group's lowest.
+
+  A reward model's scale has no "worst" value (0 may be a good score), so
+  there a cut response ranks last in its group instead.
+  """
+  rewards = np.asarray(rewards, np.float32)
+  if bounded:
+    return np.where(truncated, 0.0, rewards).astype(np.float32)
+  low = rewards.reshape(-1, group_size).min(axis=1).repeat(group_size)
+  return np.where(truncated, low, rewards).astype(np.float32)
+
+
+def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
+            key: jax.Array, reward_fn: RewardFn = verifier_rewards, *,
+            bounded_rewards: bool = True,
+            episodes: rollout.EpisodeConfig | None = None
+            ) -> tuple[_batch.RLBatch, dict]:
+  """One step's batch: `prompts_per_step` groups of G rollouts, after filtering and refills.
+
+  Prompts are left-padded to `stream.prompt_width` (the stream's longest
+  prompt), so every step has the same shapes and nothing recompiles. The
+  first round samples `prompts_per_step` prompts; a refill round only what
+  is still missing (`refill_size`). `bounded_rewards`: rewards are a
+  verifier's (0 is the worst); False for a reward model's scores (see
+  RLConfig.overlong). `episodes`: every record runs as a multi-turn episode
+  (`rollout.run_episodes`; a single-turn domain's is one turn), its reward
+  the environment's, its row the whole episode with the loss on the model's
+  tokens only.
+
+  Returns (batch, stats). When every group was filtered, the batch is the
+  first group alone with `learn=False`: nothing to learn from, but the
+  learner still checks it scores what the sampler drew. stats: groups,
+  filtered_groups, kept_groups, sampled_prompts, rewards (as scored, before
+  any overlong penalty), truncated, sample_s, score_s, turns, ends.
+  """
+  g = cfg.rollouts_per_prompt
+  kept, probe = [], None
+  stats = dict(groups=0, filtered_groups=0, truncated=0.0, sample_s=0.0,
+               score_s=0.0, rewards=[], sampled_prompts=0, turns=[], ends=[])
+  rounds = 1 + (cfg.max_refill_rounds if cfg.dynamic_filtering else 0)
+  for round_ in range(rounds):
+    missing = cfg.prompts_per_step - len(kept)
+    if missing <= 0:
+      break
+    n_prompts = (cfg.prompts_per_step if round_ == 0 else
+                 refill_size(missing, cfg.prompts_per_step))
+    recs = [r for r in stream.take(n_prompts) for _ in range(g)]
+    stats['sampled_prompts'] += n_prompts
+    key, sub = jax.random.split(key)
+    sample = _sample_replies if episodes is None else _sample_episodes
+    batch, trunc = sample(policy, tok, stream, recs, cfg, sub,
+                          reward_fn if episodes is None else episodes, stats)
+    stats['rewards'].extend(batch.rewards.tolist())
+    stats['truncated'] += float(trunc.sum())
+    if cfg.overlong == 'penalty':
+      batch = batch.replace(rewards=overlong_penalty(
+          batch.rewards, trunc, g, bounded=bounded_rewards))
+    if cfg.overlong == 'filter':
+      batch = batch.replace(mask=batch.mask * (~trunc)[:, None])
+    for j in range(len(recs) // g):
+      group = batch.rows(slice(j * g, (j + 1) * g))
+      stats['groups'] += 1
+      if (cfg.dynamic_filtering and cfg.algorithm == 'grpo'
+          and np.all(group.rewards == group.rewards[0])):
+        stats['filtered_groups'] += 1
+        if probe is None:
+          probe = group
+        continue
+      kept.append(group)
+  stats['kept_groups'] = min(len(kept), cfg.prompts_per_step)
+  if not kept:
+    return _assemble([probe], cfg).replace(learn=False), stats
+  return _assemble(kept, cfg), stats
+
+
+def _sample_replies(policy, tok, stream, recs, cfg: RLConfig, key, reward_fn,
+                    stats) -> tuple[_batch.RLBatch, np.ndarray]:
+  """One reply per record, scored: (batch, truncated [B])."""
+  prompts = [data.encode_prompt(tok, r['messages']) for r in recs]
+  t0 = time.perf_counter()
+  # Exactly the stream's width: rounding a batch's longest prompt up to a
+  # bucket could exceed it, and each such step compiled twice more.
+  ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id,
+                                     width=stream.prompt_width(tok))
+  ro = rollout.generate_padded(policy, ptoks, plens, cfg=cfg.sample_config,
+                               stop_id=tok.im_end, pad_id=tok.pad_id,
+                               key=key, record_experts=cfg.routing_replay)
+  ro = sharding.to_host(ro)          # the rollouts' one way out
+  stats['sample_s'] += time.perf_counter() - t0
+  t0 = time.perf_counter()
+  texts = [tok.decode([t for t, m in zip(row, mk) if m and t != tok.im_end])
+           for row, mk in zip(ro.tokens, ro.mask)]
+  rewards = np.asarray(reward_fn(recs, texts), np.float32)
+  stats['score_s'] += time.perf_counter() - t0
+  batch = _batch.from_rollout(ptoks, plens, ro, rewards,
+                              [r['domain'] for r in recs])
+  return batch, np.asarray(ro.truncated)
+
+
+def _sample_episodes(policy, tok, stream, recs, cfg: RLConfig, key,
+                     ec: rollout.EpisodeConfig, stats
+                     ) -> tuple[_batch.RLBatch, np.ndarray]:
+  """One episode per record, its reward the environment's: (batch, truncated [B])."""
+  timing = {}
+  t0 = time.perf_counter()
+  eps = rollout.run_episodes(policy, tok, recs, cfg=ec,
+                             sample=cfg.sample_config, key=key,
+                             record_experts=cfg.routing_replay,
+                             prompt_width=stream.prompt_width(tok),
+                             timing=timing)
+  env_s = timing.get('env_s', 0.0)
+  stats['sample_s'] += time.perf_counter() - t0 - env_s
+  stats['score_s'] += env_s
+  stats['turns'] += [e.turns for e in eps]
+  stats['ends'] += [e.end for e in eps]
+  batch = _batch.from_episodes(eps, ec.max_tokens - 1)
+  return batch, np.asarray([e.truncated for e in eps])
+
+
+def _assemble(groups: list[_batch.RLBatch], cfg: RLConfig) -> _batch.RLBatch:
+  """`prompts_per_step` groups from the first ones, in one batch.
+
+  A constant batch shape for the update: missing groups are copies with an
+  empty mask and zero rewards (they add nothing to the loss).
+  """
+  kept = groups[:cfg.prompts_per_step]
+  n = len(kept)
+  while len(kept) < cfg.prompts_per_step:
+    b = kept[len(kept) % n]
+    kept.append(b.replace(mask=np.zeros_like(b.mask),
+                          rewards=np.zeros_like(b.rewards)))
+  out = _batch.concatenate(kept)
+  return out.trim_right(cfg.trim_bucket) if cfg.trim_bucket else out
+
+
+def step_metrics(stats: dict) -> dict[str, float]:
+  """What a step's collection logs: rewards as scored, filtering, timing, episodes."""
+  r = np.asarray(stats['rewards'], np.float64)
+  m = dict(reward_mean=float(np.mean(r)), reward_std=float(np.std(r)),
+           pass_rate=float(np.mean(r >= 1.0)),
+           filtered_groups=stats['filtered_groups'],
+           truncation_rate=stats['truncated'] / max(len(r), 1),
+           sampled_prompts=stats['sampled_prompts'],
+           sample_s=stats['sample_s'], score_s=stats['score_s'])
+  if stats['turns']:
+    m['episode_turns'] = float(np.mean(stats['turns']))
+    for end in rollout.ENDS:
+      m[f'episode_end_{end}'] = float(np.mean(np.asarray(stats['ends']) == end))
+  return m

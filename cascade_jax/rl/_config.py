@@ -1,0 +1,94 @@
+"""`RLConfig`: one RL stage's algorithm, sampling and batch settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from cascade_jax import domains
+from cascade_jax import rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  algorithm: str = 'grpo'           # 'grpo' | 'mopd'
+  prompts_per_step: int = 16
+  rollouts_per_prompt: int = 8
+  temperature: float = 1.0
+  # The learner scores a token under the distribution it was drawn from:
+  # softmax(logits / temperature), renormalised over the top-k / top-p set.
+  top_p: float = 1.0
+  top_k: int = 0
+  max_new_tokens: int = 48
+  kl_coef: float = 0.0
+  clip_eps_low: float = 0.2
+  clip_eps_high: float = 0.2
+  # Optimizer steps per batch, each on its own minibatch of whole groups
+  # (1: the recipe's, strictly on-policy; more: PPO-style, clipped against
+  # the sampler's log-probs).
+  updates_per_batch: int = 1
+  # Each optimizer step's gradient computed in this many micro-batches
+  # (accumulated; the objective is the same for any count): the recipe's
+  # batch of 128 x 16 rollouts of up to 8k tokens is one update on any mesh.
+  micro_batches: int = 1
+  advantage_scale: str = 'std'      # 'std' | 'none'
+  dynamic_filtering: bool = True
+  max_refill_rounds: int = 2
+  # A response cut at max_new_tokens: 'penalty' (a verifier's reward 0; a
+  # reward model's score replaced by the lowest of its group), 'filter'
+  # (out of the loss: no gradient), or 'none' (scored as it is).
+  overlong: str = 'penalty'
+  routing_replay: bool = True
+  mopd_reward_weight: float = 0.0
+  # Cut the batch's empty response tail in buckets of this many tokens
+  # (0: never). Each new width compiles the update once more: worth it for
+  # long stages with a generous max_new_tokens, not for 30-step ones.
+  trim_bucket: int = 0
+  # Multi-turn domains (an environment per record; `max_new_tokens` is then
+  # a reply's budget): turns, tokens of one observation, tokens of the
+  # whole episode (prompt included; the learner's sequence length). 0: the
+  # largest default of the stage's domains (`Domain.episode_limits`).
+  max_turns: int = 0
+  max_observation_tokens: int = 0
+  max_episode_tokens: int = 0
+
+  def episode_config(self, domain_names: Sequence[str]
+                     ) -> rollout.EpisodeConfig:
+    """Episode limits for a stage over `domain_names` (see max_turns)."""
+    limits = [domains.get(d).episode_limits for d in domain_names]
+    pick = lambda k, v: v or max(int(x.get(k, 1)) for x in limits)
+    return rollout.EpisodeConfig(
+        max_turns=pick('max_turns', self.max_turns),
+        max_new_tokens=self.max_new_tokens,
+        max_observation_tokens=pick('max_observation_tokens',
+                                    self.max_observation_tokens),
+        max_tokens=pick('max_tokens', self.max_episode_tokens))
+
+  @property
+  def sample_config(self) -> rollout.SampleConfig:
+    return rollout.SampleConfig(max_new_tokens=self.max_new_tokens,
+                                temperature=self.temperature,
+                                top_p=self.top_p, top_k=self.top_k)
+
+  def __post_init__(self):
+    if self.algorithm not in ('grpo', 'mopd'):
+      raise ValueError(f"rl.algorithm must be 'grpo' or 'mopd', got "
+                       f'{self.algorithm!r}')
+    if self.overlong not in ('penalty', 'filter', 'none'):
+      raise ValueError(f'rl.overlong: {self.overlong!r} not in '
+                       "('penalty', 'filter', 'none')")
+    if not self.temperature > 0:
+      raise ValueError(
+          f'rl.temperature must be > 0, got {self.temperature}: the learner '
+          'trains on sampled rollouts and scores them under softmax(logits / '
+          'temperature); greedy decoding (0) is for evaluation only')
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f'rl.top_p must be in (0, 1], got {self.top_p}')
+    if self.top_k < 0:
+      raise ValueError(f'rl.top_k must be >= 0 (0: off), got {self.top_k}')
+    for k in ('updates_per_batch', 'micro_batches'):
+      if getattr(self, k) < 1:
+        raise ValueError(f'rl.{k} must be >= 1, got {getattr(self, k)}')
+    if self.rollouts_per_prompt < 2 and self.algorithm == 'grpo':
+      raise ValueError('rl.rollouts_per_prompt must be >= 2 for GRPO '
+                       '(advantages compare rollouts of one prompt)')

@@ -1,0 +1,186 @@
+"""One RL step on the main job's path: micro-batched updates equal the whole batch's, and the data crosses once each way."""
+
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade_jax import data
+from cascade_jax import domains
+from cascade_jax import model
+from cascade_jax import rl
+from cascade_jax import rollout
+from cascade_jax import train
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import rl as rl_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+EC = rollout.EpisodeConfig(max_turns=3, max_new_tokens=24,
+                           max_observation_tokens=48, max_tokens=256)
+
+
+@pytest.fixture(scope='module')
+def setup():
+  recs = [dict(id=str(i), domain='toy',
+               messages=[{'role': 'user', 'content': 'write letters'}])
+          for i in range(8)]
+  agentic = (domains.generate('swe_agent', split='train', n=4, seed=0,
+                              levels=(2, 3)) +
+             domains.generate('tool_use', split='train', n=4, seed=0))
+  tok = data.train_tokenizer(
+      ['aaa bbb ccc', 'abc cab bca', 'write letters', 'a b c d e'] * 20 +
+      [m['content'] for r in agentic for m in r['messages'] + r['turns']] * 10,
+      400)
+  return tok, recs, agentic
+
+
+def _policy(tok, seed=0):
+  """The main job's preset (capacity dispatch, sigmoid router, shared
+  expert, expert bias), fp32, with a non-zero bias as after SFT's balancing,
+  made to end replies after a few tokens (multi-turn episodes then take
+  turns): every embedding gets a large shared component, which the output
+  head reads for <|im_end|> alone."""
+  cfg = model.small(vocab_size=tok.vocab_size)
+  assert (cfg.moe.dispatch, cfg.dtype, cfg.moe.use_expert_bias) == (
+      'capacity', 'float32', True)
+  m = model.Transformer(cfg, rngs=nnx.Rngs(seed))
+  for i, layer in enumerate(m.moe_layers()):
+    layer.expert_bias[...] = jnp.asarray(
+        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  m.embed_vd.value = m.embed_vd.value.at[:, 0].set(30.0)
+  m.head_dv.value = m.head_dv.value.at[0, :].set(0.0).at[0, tok.im_end].set(
+      0.45)
+  return cfg, m
+
+
+def _optimizer():
+  """The main job's RL optimizer (configs/rl.py), warm-up done."""
+  oc = rl_config.get_config().optim.to_dict()
+  return train.make_optimizer(train.OptimConfig(**dict(oc, warmup_steps=1)))
+
+
+def _batch(kind, tok, recs, agentic, m, c):
+  policy = m
+  if kind == 'episodes':
+    batch, stats = rl.collect(policy, tok, rl.PromptStream(agentic), c,
+                              jax.random.key(2), episodes=EC)
+    assert max(stats['turns']) >= 2, stats['turns']
+    # An untrained policy solves none: rewards of three levels instead,
+    # so that the advantages (and the gradient) are not all zero.
+    return batch.replace(rewards=(np.arange(32) % 3).astype(np.float32))
+  return rl.collect(policy, tok, rl.PromptStream(recs), c, jax.random.key(1),
+                    reward_fn=lambda r, _: np.arange(len(r)) % 3)[0]
+
+
+@pytest.mark.parametrize('kind', ['grpo', 'mopd', pytest.param(
+    'episodes', marks=pytest.mark.slow)])
+def test_micro_batches_give_the_same_update(setup, kind):
+  # One optimizer step over 32 rollouts, its gradient in 1, 2 or 4
+  # micro-batches: the same objective (every micro-batch's loss divides by
+  # the whole batch's token / sequence count), so only float sums move.
+  tok, recs, agentic = setup
+  cfg, m = _policy(tok)
+  c = rl.RLConfig(algorithm='mopd' if kind == 'mopd' else 'grpo',
+                  prompts_per_step=8 if kind != 'episodes' else 4,
+                  rollouts_per_prompt=4 if kind != 'episodes' else 8,
+                  max_new_tokens=EC.max_new_tokens if kind == 'episodes'
+                  else 12, dynamic_filtering=False, overlong='none',
+                  kl_coef=0.05 if kind == 'grpo' else 0.0)
+  batch = _batch(kind, tok, recs, agentic, m, c)
+  assert batch.num_rows == 32 and batch.expert_idx is not None
+  if kind == 'episodes':   # loss on the replies only, several per row
+    assert (batch.mask.sum(1) > 0).all()
+    assert (batch.mask.sum(1) < batch.segment_ids.sum(1)).all()
+  opt = _optimizer()
+  reference = rl.freeze(m, copy=True) if c.kl_coef else None
+  teachers = ({'toy': rl.freeze(_policy(tok, seed=1)[1])}
+              if kind == 'mopd' else None)
+  out = {}
+  for k in (1, 2, 4):
+    graph, state = train.init_state(_policy(tok)[1], opt)
+    learner = rl.Learner(graph, opt, dataclasses.replace(c, micro_batches=k),
+                         reference=reference, teachers=teachers)
+    out[k] = learner.step(state, batch)
+  s1, m1 = out[1]
+  assert m1['sampler_mismatch_max'] <= 1e-5 and m1['dropped_learner'] == 0.0
+  assert m1['grad_norm'] > 0 and m1['token_count'] == batch.mask.sum()
+  # GRPO's on-policy loss, -sum_i A_i |o_i| / N, cancels terms of size |A|
+  # ~ 1 to near 0: it is held to 1e-6 of that scale; the rest relatively.
+  scale = {'loss': 1.0 if kind != 'mopd' else abs(m1['loss'])}
+  for k in (2, 4):
+    sk, mk = out[k]
+    for key in ('loss', 'grad_norm', 'token_count', 'entropy',
+                'sampler_mismatch_mean', 'sampler_mismatch_max'):
+      np.testing.assert_allclose(mk[key], m1[key], rtol=1e-6,
+                                 atol=1e-6 * scale.get(key, 0.0),
+                                 err_msg=f'{key}, micro_batches={k}')
+    assert mk['moe_capacity'] <= m1['moe_capacity']   # fits every part
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(sk.params),
+                            jax.tree.leaves(s1.params)):
+      a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+      assert np.linalg.norm(a - b) <= 1e-6 * np.linalg.norm(b), (
+          jax.tree_util.keystr(path), k)
+
+
+def test_micro_batches_must_split_the_batch(setup):
+  tok, recs, agentic = setup
+  cfg, m = _policy(tok)
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=3, max_new_tokens=4,
+                  dynamic_filtering=False, micro_batches=4)
+  batch = _batch('grpo', tok, recs, agentic, m, c)
+  graph, state = train.init_state(m, _optimizer())
+  with pytest.raises(ValueError, match='micro_batches=4 must split'):
+    rl.Learner(graph, _optimizer(), c).step(state, batch)
+
+
+def test_micro_batch_rows_are_strided():
+  # Rows i, i + k, ...: on a batch sharded by rows, each micro-batch stays
+  # spread over every device.
+  rows = train.micro_batch_rows(8, 2)
+  np.testing.assert_array_equal(rows[0], [0, 2, 4, 6])
+  x = jnp.arange(8)
+  np.testing.assert_array_equal(train.split_micro_batches(x, 2)[1],
+                                [1, 3, 5, 7])
+
+
+@pytest.mark.parametrize('algorithm', ['grpo', 'mopd'])
+def test_a_step_moves_data_once_each_way(setup, monkeypatch, algorithm):
+  # Under a transfer guard that refuses every implicit transfer, one step
+  # (collect, then the learner's step with a KL reference or a teacher)
+  # makes exactly these explicit ones: the prompts in, the rollouts out,
+  # the batch in, the metrics out.
+  tok, recs, agentic = setup
+  cfg, m = _policy(tok)
+  opt = _optimizer()
+  graph, state = train.init_state(m, opt)
+  c = rl.RLConfig(algorithm=algorithm, prompts_per_step=4,
+                  rollouts_per_prompt=4, max_new_tokens=8,
+                  dynamic_filtering=False,
+                  kl_coef=0.1 if algorithm == 'grpo' else 0.0)
+  frozen = rl.freeze(_policy(tok, seed=1)[1])
+  learner = rl.Learner(graph, opt, c,
+                       reference=frozen if algorithm == 'grpo' else None,
+                       teachers={'toy': frozen} if algorithm == 'mopd' else None)
+  reward = lambda r, _: np.arange(len(r), dtype=np.float32) % 3
+  key = jax.random.key(0)
+  for _ in range(2):   # the second step: everything compiled
+    policy = nnx.merge(graph, state.params, state.rest)
+    moves = []
+    put, get = jax.device_put, jax.device_get
+    monkeypatch.setattr(jax, 'device_put',
+                        lambda x, *a, **kw: moves.append('in') or put(
+                            x, *a, **kw))
+    monkeypatch.setattr(jax, 'device_get',
+                        lambda x: moves.append('out') or get(x))
+    with jax.transfer_guard('disallow'):
+      batch, _ = rl.collect(policy, tok, rl.PromptStream(recs), c, key,
+                            reward_fn=reward)
+      state, metrics = learner.step(state, batch)
+    monkeypatch.undo()
+    assert moves == ['in', 'out', 'in', 'out'], moves
+    assert metrics['sampler_mismatch_max'] <= 1e-5
