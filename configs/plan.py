@@ -56,9 +56,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == 'qwen3_30b_a3b_micro':
     # The GRPO update over more rollouts per device than fit at once, in
     # micro-batches (one optimizer step, gradients accumulated): rollouts
-    # per device x micro-batches, on v5p-8 (8 chips, FSDP 8).
+    # per device x micro-batches, on v5p-8 and v5p-64 (README: the table).
     c.update(get_config('qwen3_30b_a3b'))
-    c.steps, c.only, c.cost_meshes = 'grpo', 'v5p-8', 'none'
+    c.steps, c.only, c.cost_meshes = 'grpo', 'v5p-8,v5p-64', 'none'
     c.variants = ml_collections.ConfigDict({
         f'{rows}x{k}': dict(rl_rows=rows, rl_micro_batches=k)
         for rows, k in ((1, 1), (4, 1), (4, 4), (16, 1), (16, 4), (16, 16))})

@@ -5,7 +5,8 @@
 
 For a change that should not change the numbers (a refactor): per stage,
 the metrics that differ (how many rows, the largest relative difference)
-and how many weight tensors differ (the largest |a - b| / |a|). Timings
+and how many tensors of the latest checkpoint (weights, optimizer state)
+differ (the largest |a - b| / |a|). Timings
 (`*_s`, `tokens_per_s`, `time`) are left out. Exits 1 when anything else
 differs.
 """
@@ -18,9 +19,8 @@ import jax
 import numpy as np
 from absl import app
 from absl import flags
-from flax import nnx
 
-from cascade_jax import train
+from cascade_jax import checkpoint
 from cascade_jax import utils
 
 _A = flags.DEFINE_string('a', None, 'A run directory.', required=True)
@@ -62,10 +62,12 @@ def compare_metrics(a: str, b: str) -> dict:
 
 
 def compare_weights(a: str, b: str) -> tuple[int, int, float]:
-  """(tensors that differ, tensors, largest |a - b| / |a|) of two runs' latest weights."""
-  _, ma, _ = train.restore_run(a)
-  _, mb, _ = train.restore_run(b)
-  la, lb = (jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (ma, mb))
+  """(tensors that differ, tensors, largest |a - b| / |a|) of two runs' latest
+  checkpoints: weights, optimizer state and step (any stage kind)."""
+  la, lb = (jax.tree.leaves(checkpoint.Checkpointer(
+      os.path.join(d, 'checkpoints')).read()[0]) for d in (a, b))
+  if len(la) != len(lb):
+    return max(len(la), len(lb)), max(len(la), len(lb)), float('inf')
   f64 = lambda x: np.asarray(x, np.float64)
   differ = sum(int(np.any(f64(x) != f64(y))) for x, y in zip(la, lb))
   worst = max(float(np.linalg.norm(f64(x) - f64(y)) /
@@ -90,7 +92,7 @@ def main(argv):
                  '-' if weights is None else
                  f'{weights[0]} of {weights[1]} (rel {weights[2]:.1e})'])
   print(utils.format_table(['stage', 'metrics that differ',
-                            'weight tensors that differ'], rows))
+                            'checkpoint tensors that differ'], rows))
   print('identical' if same else 'different')
   if _OUT.value:
     with open(_OUT.value, 'w') as f:

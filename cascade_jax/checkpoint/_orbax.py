@@ -50,6 +50,16 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._mngr.all_steps())
 
+  def read(self, step: int | None = None) -> tuple[dict, dict]:
+    """(state, extra) of a step (default: the latest) as saved, on one
+    device, without a model to restore into (to compare runs, inspect)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f'no checkpoint in {self.directory}')
+    out = self._mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(), extra=ocp.args.JsonRestore()))
+    return out['state'], dict(out['extra'] or {})
+
   def save(self, step: int, state: Any, extra: dict | None = None) -> None:
     self._mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
