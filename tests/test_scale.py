@@ -273,9 +273,18 @@ def _assert_same_cascade(want_dir, got_dir, want_recs, got_recs, atol,
   for name in ('if_rl', 'mopd'):
     rows = lambda d: [json.loads(l) for l in open(d / name / 'rl_metrics.jsonl')
                       if 'reward_mean' in l]
-    for a, b in zip(rows(want_dir), rows(got_dir)):
+    for i, (a, b) in enumerate(zip(rows(want_dir), rows(got_dir))):
       assert a['reward_mean'] == b['reward_mean'], name
-      np.testing.assert_allclose(b['loss'], a['loss'], atol=1e-4)
+      assert a['token_count'] == b['token_count'], name
+      # A stage's first batch is sampled from weights within float noise of
+      # each other: its loss agrees to 1e-4. Later batches come after an
+      # update, where that noise can flip a sampled token without changing
+      # the rewards or lengths: measured 2026-12-02, MOPD's second loss
+      # 0.020207 (one device) against 0.020379 (data 2 x expert 4) after a
+      # one-ulp change in SFT's gradient norm, the same 101 tokens.
+      np.testing.assert_allclose(b['loss'], a['loss'],
+                                 **(dict(atol=1e-4) if i == 0 else
+                                    dict(rtol=2e-2, atol=1e-4)))
 
 
 @pytest.mark.slow
