@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from cascade_jax import kernels
 from cascade_jax import model
 from cascade_jax import ops
 from cascade_jax.kernels import _build
@@ -184,7 +185,7 @@ def test_calibration_is_measured_once_and_decides(monkeypatch, tmp_path,
   # as the killed one did).
   monkeypatch.setenv(_cpu.ENV, 'auto')
   path = tmp_path / 'calibration.json'
-  monkeypatch.setattr(_build, 'cache_path', lambda suffix: path)
+  monkeypatch.setattr(kernels, 'cache_path', lambda suffix: path)
   calls = []
   verdicts = {'moe_decode': True, 'cache_attention': False, 'argmax': False}
 
