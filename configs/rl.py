@@ -25,6 +25,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       domain='math', n_train=4096, levels=(1, 2, 3), split_by='prompt'))
   # data.domain may list several domains, comma-separated (a mixed stage).
+  # rl: see cascade_jax/rl/_config.py. updates_per_batch: optimizer steps
+  # per batch (1: strictly on-policy); micro_batches: each step's gradient
+  # accumulated over that many parts of the batch (the same objective; what
+  # fits a device's memory).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
       temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16, kl_coef=0.0,

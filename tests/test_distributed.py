@@ -1,4 +1,4 @@
-"""Two processes on 127.0.0.1 (jax.distributed + gloo) train like one."""
+"""Two processes on 127.0.0.1 (jax.distributed + gloo) train like one, and decide rewards once."""
 
 import os
 import socket
@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 _WORKER = os.path.join(os.path.dirname(__file__), '_distributed_worker.py')
+_COLLECT = os.path.join(os.path.dirname(__file__), '_collect_worker.py')
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -42,3 +43,27 @@ def test_two_process_sharded_step_equals_single_process(tmp_path):
   for k in want.files:
     np.testing.assert_allclose(got[k].reshape(want[k].shape), want[k],
                                rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def test_two_processes_whose_verdicts_differ_collect_the_same_batch(tmp_path):
+  # Each process's reward function answers differently (its process index
+  # plus 1 on every other row). Each scores its own half of the 8 rollouts
+  # and the halves are shared: both get [0, 1, 0, 1, 1, 2, 1, 2] and the
+  # same batch, where each on its own would have filtered and padded
+  # differently and then waited on the other in a collective.
+  port = _free_port()
+  outs = [tmp_path / f'p{i}.npz' for i in range(2)]
+  procs = [subprocess.Popen(
+      [sys.executable, _COLLECT, str(outs[i]), str(i), '2', str(port)],
+      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  for p in procs:
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+  a, b = (np.load(o) for o in outs)
+  np.testing.assert_array_equal(a['rewards'], [0, 1, 0, 1, 1, 2, 1, 2])
+  for k in ('rewards', 'mask', 'inputs', 'filtered'):
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  np.testing.assert_array_equal(a['scored'], [4])   # its own half only
+  np.testing.assert_array_equal(a['rm_rewards'], [0, 1] * 4)  # process 0's
+  np.testing.assert_array_equal(b['rm_rewards'], a['rm_rewards'])

@@ -16,6 +16,7 @@ from cascade_jax.rl._collect import overlong_penalty
 from cascade_jax.rl._collect import PromptStream
 from cascade_jax.rl._collect import refill_size
 from cascade_jax.rl._collect import RewardFn
+from cascade_jax.rl._collect import shared_rewards
 from cascade_jax.rl._collect import step_metrics
 from cascade_jax.rl._collect import verifier_rewards
 from cascade_jax.rl._config import RLConfig

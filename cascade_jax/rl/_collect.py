@@ -11,6 +11,7 @@ the loss or kept, as the stage says (`RLConfig.overlong`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -64,6 +65,35 @@ def verifier_rewards(records, responses, sandbox=None) -> np.ndarray:
                     np.float32)
 
 
+def shared_rewards(reward_fn: RewardFn, records: Sequence[dict],
+                   responses: Sequence[str], *, host: bool = True
+                   ) -> np.ndarray:
+  """Rewards [B] that every process of a run agrees on, decided once.
+
+  On several processes each one holds every rollout, but a verdict can
+  differ between hosts (a program near its time limit in the sandbox), and
+  processes that filtered different groups would wait on each other's
+  collectives for ever. `host` (a verifier, run row by row on the host):
+  each process scores its own block of rows (the work is split, too) and
+  the blocks are all-gathered. Otherwise (a reward model: a computation
+  every process runs on the mesh) process 0's scores are everyone's.
+  """
+  if jax.process_count() == 1:
+    return np.asarray(reward_fn(records, responses), np.float32)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  if not host:
+    return np.asarray(multihost_utils.broadcast_one_to_all(
+        np.asarray(reward_fn(records, responses), np.float32)))
+  n, p = len(records), jax.process_count()
+  block = -(-n // p)
+  lo = min(jax.process_index() * block, n)
+  hi = min(lo + block, n)
+  mine = np.full(block, np.nan, np.float32)
+  mine[:hi - lo] = (reward_fn(records[lo:hi], responses[lo:hi])
+                    if hi > lo else [])
+  return np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)[:n]
+
+
 def refill_size(missing: int, prompts_per_step: int) -> int:
   """Prompts to sample in a refill round for `missing` groups.
 
@@ -91,7 +121,7 @@ def overlong_penalty(rewards, truncated, group_size: int, *,
 
 def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
             key: jax.Array, reward_fn: RewardFn = verifier_rewards, *,
-            bounded_rewards: bool = True,
+            bounded_rewards: bool = True, host_rewards: bool = True,
             episodes: rollout.EpisodeConfig | None = None
             ) -> tuple[_batch.RLBatch, dict]:
   """One step's batch: `prompts_per_step` groups of G rollouts, after filtering and refills.
@@ -101,7 +131,9 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   first round samples `prompts_per_step` prompts; a refill round only what
   is still missing (`refill_size`). `bounded_rewards`: rewards are a
   verifier's (0 is the worst); False for a reward model's scores (see
-  RLConfig.overlong). `episodes`: every record runs as a multi-turn episode
+  RLConfig.overlong). `host_rewards`: `reward_fn` runs on the host (a
+  verifier); False for a reward model on the mesh (`shared_rewards`: on
+  several processes, rewards are decided once either way). `episodes`: every record runs as a multi-turn episode
   (`rollout.run_episodes`; a single-turn domain's is one turn), its reward
   the environment's, its row the whole episode with the loss on the model's
   tokens only.
@@ -127,8 +159,9 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
     stats['sampled_prompts'] += n_prompts
     key, sub = jax.random.split(key)
     sample = _sample_replies if episodes is None else _sample_episodes
-    batch, trunc = sample(policy, tok, stream, recs, cfg, sub,
-                          reward_fn if episodes is None else episodes, stats)
+    rewards = (functools.partial(shared_rewards, reward_fn, host=host_rewards)
+               if episodes is None else episodes)
+    batch, trunc = sample(policy, tok, stream, recs, cfg, sub, rewards, stats)
     stats['rewards'].extend(batch.rewards.tolist())
     stats['truncated'] += float(trunc.sum())
     if cfg.overlong == 'penalty':
@@ -169,7 +202,7 @@ def _sample_replies(policy, tok, stream, recs, cfg: RLConfig, key, reward_fn,
   t0 = time.perf_counter()
   texts = [tok.decode([t for t, m in zip(row, mk) if m and t != tok.im_end])
            for row, mk in zip(ro.tokens, ro.mask)]
-  rewards = np.asarray(reward_fn(recs, texts), np.float32)
+  rewards = reward_fn(recs, texts)
   stats['score_s'] += time.perf_counter() - t0
   batch = _batch.from_rollout(ptoks, plens, ro, rewards,
                               [r['domain'] for r in recs])

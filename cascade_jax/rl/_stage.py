@@ -61,6 +61,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     batch, stats = collect(nnx.merge(graph, state.params, state.rest), tok,
                            data.stream, rc, jax.random.fold_in(key0, step),
                            reward_fn=rewards.fn, bounded_rewards=rewards.bounded,
+                           host_rewards=rewards.model is None,
                            episodes=rewards.episodes)
     t1 = time.perf_counter()
     state, m = learner.step(state, batch)
