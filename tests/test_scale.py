@@ -160,6 +160,25 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
   assert len(rows) == 2 and len(rows[0]) == len(header)
 
 
+def test_a_refused_step_keeps_the_compilers_whole_message():
+  from cascade_jax.aot import _plan  # pylint: disable=g-import-not-at-top
+  c = plan_config.get_config('small')
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(fsdp=8)))
+  shapes = {k: int(v) * (8 if k.endswith('_rows') else 1)
+            for k, v in c.shapes.items()}
+  error = ('XlaRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory on HBM, '
+           'the total memory required for HLO temporaries (110.70G) exceeds '
+           'available HBM (95.74G). Largest buffers: 1. Size: 30.00G '
+           'Operator: op_name="jit(train_step)/scan" ' + 'x' * 500)
+  cost = _plan._out_of_memory('grpo', aot.model_config(c), ctx,
+                              train.make_optimizer(train.OptimConfig()),
+                              shapes, 'cpu', 'm', error, 1.0)
+  assert cost.temp_bytes == int(110.70e9) and not cost.fits('h200')
+  assert cost.note.endswith('exceeds available HBM (95.74G).')
+  assert cost.error.startswith('RESOURCE_EXHAUSTED') and 'Largest buffers' in (
+      cost.error) and cost.error.endswith('x' * 500)
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group('heavy')
 def test_plan_compiles_the_grpo_update_in_micro_batches():

@@ -80,6 +80,9 @@ class StepCost:
   note: str = ''
   # Which of the config's `variants` (shape overrides) it was compiled at.
   variant: str = ''
+  # The compiler's whole message when it refused the step (its list of the
+  # largest buffers included); `note` is its first sentence, for tables.
+  error: str = ''
 
   @property
   def peak_bytes(self) -> int:
@@ -356,6 +359,7 @@ def _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name, error,
   temp = float(found.group(1)) * scale[found.group(2)] if found else math.nan
   start = error.find('RESOURCE_EXHAUSTED')
   line = ' '.join(error[max(start, 0):].split())
+  first = re.match(r'.*?\.(\s|$)', line)
   return StepCost(
       step=step, mesh=mesh_name, devices=ctx.mesh.size, platform=platform,
       tokens=tokens, argument_bytes=per_device_bytes(args),
@@ -363,7 +367,8 @@ def _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name, error,
       alias_bytes=0, flops=math.nan, bytes_accessed=math.nan,
       compile_s=seconds, state_bytes=per_device_bytes(state),
       model_flops=model_flops(step, cfg, tokens) / ctx.mesh.size,
-      note=line[:400])
+      note=(first.group(0).strip() if first else line)[:300],
+      error=error[max(start, 0):])
 
 
 def model_flops(step: str, cfg, tokens: int) -> float:
@@ -465,7 +470,8 @@ def from_results(rows: list[dict]) -> list[StepCost]:
     out.append(StepCost(**{
         **{k: r[k] for k in fields if k in r}, 'mesh': mesh,
         'devices': int(devices.rstrip(')')), 'step': r['step'],
-        'tokens': r['tokens'], 'variant': r.get('variant', '')}))
+        'tokens': r['tokens'], 'variant': r.get('variant', ''),
+        'error': r.get('error', '')}))
   return out
 
 
