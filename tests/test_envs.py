@@ -1,5 +1,6 @@
 """Multi-turn environments: scripted models, bad and hostile tool calls, the sandbox around them."""
 
+import dataclasses
 import json
 
 import pytest
@@ -139,7 +140,11 @@ def _hostile(rec, body):
 
 def test_code_that_hangs_or_floods_is_cut_by_the_sandbox(sb, tasks):
   rec = tasks[1][0]
-  for body, want in (('while True: pass', 'stopped: CPU time limit'),
+  # Under the tool limits (4 s of CPU, 5 s of wall clock) a busy loop on a
+  # loaded host (CI runs two workers on two cores) may meet either limit
+  # first; both stop it.  Which limit fires is checked below with a wall
+  # clock that cannot come first.
+  for body, want in (('while True: pass', 'error: the tests were stopped: '),
                      ("print('x' * 10**6)\nreturn 0", 'more characters cut'),
                      ('import os\nwhile True: os.fork()', ''),
                      ('import time\ntime.sleep(60)', 'wall-clock limit'),
@@ -150,6 +155,15 @@ def test_code_that_hangs_or_floods_is_cut_by_the_sandbox(sb, tasks):
     assert want in out, out[:300]
     _, step = _play(sb, rec, [_hostile(rec, body), call('submit')])
     assert step.done and step.reward == 0.0
+  slow_clock = Sandbox(dataclasses.replace(envs.TOOL_LIMITS, cpu_seconds=1,
+                                            wall_seconds=60.0))
+  try:
+    convo, _ = _play(slow_clock, rec, [_hostile(rec, 'while True: pass'),
+                                       call('run_tests')])
+  finally:
+    slow_clock.close()
+  assert convo[-1]['content'] == (
+      'error: the tests were stopped: CPU time limit (1 s)')
 
 
 def test_code_cannot_reach_the_network_or_the_trainers_files(sb, tasks, tmp_path):
