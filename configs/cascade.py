@@ -186,6 +186,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Forces cascade_jax.ops implementations, e.g. 'attention=xla,argmax=xla'
   # (empty: each op picks by backend and dtype; CASCADE_JAX_OPS likewise).
   c.ops = ''
+  # True: a kernel that would fall back to XLA at some shape (splash, the
+  # grouped matmul, cuDNN) stops the run with the op, the shape and the
+  # reason (CASCADE_JAX_OPS_STRICT=1 likewise). On the CPU nothing falls back.
+  c.ops_strict = False
   # Every stage's mesh, sharding rules and memory settings (see
   # cascade_jax/train/_setup.py), and the evaluation's: e.g.
   # --config.mesh.data=2 --config.mesh.expert=4 --config.memory.remat=full

@@ -17,8 +17,11 @@ from flax import nnx
 from cascade_jax import kernels
 from cascade_jax import model
 from cascade_jax import ops
+from cascade_jax import train
 from cascade_jax.kernels import _build
+from cascade_jax.ops import _attention
 from cascade_jax.ops import _cpu
+from cascade_jax.ops import _registry
 
 gpu = pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs a GPU')
 
@@ -62,6 +65,89 @@ def test_cascade_config_forces_ops(monkeypatch, tmp_path):
   c.ops = 'attention=flash'
   with pytest.raises(ValueError, match="no implementation 'flash'"):
     _run.run(c, str(tmp_path))
+
+
+def test_strict_mode_makes_a_fallback_an_error(monkeypatch):
+  # As on a TPU: the grouped matmul's kernel refuses 100 rows (not a
+  # multiple of its tile), splash a general mask. Strict: an error naming
+  # the op, the shape and the reason; otherwise XLA runs, recorded.
+  monkeypatch.setattr(_registry, 'backend', lambda: 'tpu')
+  lhs, rhs = jnp.ones((100, 8)), jnp.ones((2, 8, 4))
+  sizes = jnp.array([60, 40])
+  with ops.strict_mode():
+    with pytest.raises(ops.FallbackError,
+                       match=r"grouped_matmul would fall back from 'tokamax' "
+                             r"to 'xla' on tpu for lhs \(100, 8\).*100 rows "
+                             r"are not a multiple of the kernel's row tile"):
+      ops.grouped_matmul(lhs, rhs, sizes)
+    q = jnp.ones((1, 4, 2, 8))
+    with pytest.raises(ops.FallbackError, match='splash takes segment ids'):
+      ops.attention(q, q, q, scale=1.0,
+                    mask_bts=jnp.tril(jnp.ones((4, 4), bool))[None])
+  assert not ops.strict()
+  ops.reset_selected()
+  out = ops.grouped_matmul(lhs, rhs, sizes)
+  np.testing.assert_allclose(out, 8.0)
+  assert ops.selected() == {'grouped_matmul': ['xla (tpu, float32)']}
+  # Buffers sized for the kernel: a multiple of its tile there, any size here.
+  assert ops.round_rows(100) == 128 and ops.row_tile() == 128
+  monkeypatch.setattr(_registry, 'backend', lambda: 'cpu')
+  assert ops.round_rows(100) == 100
+
+
+def test_strict_mode_on_the_cpu_runs_the_default_model():
+  # Nothing falls back on the CPU: the CPU kernels are measured speed-ups,
+  # XLA without them is not a fallback. The main job's model, forward and
+  # gradient, through the default dispatch.
+  cfg = train.model_config('small', dict(vocab_size=64))
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  toks = jnp.ones((2, 12), jnp.int32)
+  with ops.strict_mode():
+    grads = nnx.grad(lambda m: jnp.mean(m(toks)[0]))(m)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(nnx.state(grads)))
+
+
+def test_strict_mode_from_the_environment_and_the_cascade_config(
+    monkeypatch, tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  out = subprocess.run(
+      [sys.executable, '-c', 'from cascade_jax import ops; print(ops.strict())'],
+      env={**__import__('os').environ, 'CASCADE_JAX_OPS_STRICT': '1'},
+      capture_output=True, text=True, check=True).stdout
+  assert out.strip() == 'True'
+  from configs import cascade as cascade_config  # pylint: disable=g-import-not-at-top
+  from cascade_jax.cascade import _run  # pylint: disable=g-import-not-at-top
+  c = cascade_config.get_config('quick')
+  assert c.ops_strict is False
+  c.ops_strict = True
+  got = []
+  monkeypatch.setattr(ops, 'set_strict', got.append)
+  monkeypatch.setattr(_run, 'eval_sets', lambda c: {})
+  monkeypatch.setattr(_run, 'plan', lambda c: [])
+  _run.run(c, str(tmp_path))
+  assert got == [True]
+
+
+def test_attention_padded_to_splash_blocks_is_unchanged():
+  # What splash's padding does to a learner's odd length (13 -> 16 here,
+  # 10,239 -> 10,240 at the recipe's): padded keys are segment 0, seen by
+  # no real query; the real queries' outputs are unchanged (the XLA
+  # reference on both, since splash needs a TPU).
+  q, k, v, seg, pos = _packed(t=13)
+  kw = dict(scale=16 ** -0.5)
+  ref = ops.attention(q, k, v, segment_ids=(seg, seg), positions=(pos, pos),
+                      **kw)
+  qp, segp = _attention.pad_to_block(q, seg, 8)
+  kp, _ = _attention.pad_to_block(k, seg, 8)
+  vp, _ = _attention.pad_to_block(v, seg, 8)
+  posp, _ = _attention.pad_to_block(pos, seg, 8)
+  assert qp.shape[1] == 16
+  got = ops.attention(qp, kp, vp, segment_ids=(segp, segp),
+                      positions=(posp, posp), **kw)[:, :13]
+  real = np.asarray(seg) != 0
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(ref)[real],
+                             atol=1e-6)
 
 
 # --- grouped matmul ----------------------------------------------------------

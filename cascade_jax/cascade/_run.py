@@ -95,6 +95,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   stages = plan(config)
   if config.get('ops'):
     ops.configure(**ops.parse(config.ops))
+  if config.get('ops_strict'):
+    ops.set_strict(True)
   os.makedirs(workdir, exist_ok=True)
   if train.is_main_process():
     with open(os.path.join(workdir, 'config.json'), 'w') as f:

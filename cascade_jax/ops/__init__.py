@@ -10,8 +10,10 @@
   expert_exchange  all_gather (CPU) | ragged_all_to_all (GPU, TPU)
 
 `selected()` says what ran; `configure(attention='xla')`, a config's `ops`
-section or CASCADE_JAX_OPS='attention=xla' forces a choice. The reference
-of each op is its 'xla' implementation; tests hold the others equal to it.
+section or CASCADE_JAX_OPS='attention=xla' forces a choice;
+`set_strict(True)` (a config's `ops_strict`, CASCADE_JAX_OPS_STRICT=1) makes
+a fallback from the backend's preferred kernel an error. The reference of
+each op is its 'xla' implementation; tests hold the others equal to it.
 """
 
 from cascade_jax.ops._attention import apply_rope
@@ -30,11 +32,18 @@ from cascade_jax.ops._decode import moe_ffn
 from cascade_jax.ops._decode import moe_ffn_available
 from cascade_jax.ops._logprobs import token_logprobs
 from cascade_jax.ops._matmul import grouped_matmul
+from cascade_jax.ops._matmul import round_rows
+from cascade_jax.ops._matmul import row_tile
 from cascade_jax.ops._ssd import ssd
 from cascade_jax.ops._ssd import ssd_step
 from cascade_jax.ops._registry import configure
+from cascade_jax.ops._registry import elsewhere
+from cascade_jax.ops._registry import FallbackError
 from cascade_jax.ops._registry import forced
 from cascade_jax.ops._registry import IMPLEMENTATIONS
 from cascade_jax.ops._registry import parse
 from cascade_jax.ops._registry import reset_selected
 from cascade_jax.ops._registry import selected
+from cascade_jax.ops._registry import set_strict
+from cascade_jax.ops._registry import strict
+from cascade_jax.ops._registry import strict_mode

@@ -10,8 +10,9 @@
 - 'tokamax': `tokamax.dot_product_attention` (its Pallas / Triton kernels
   where they apply, else XLA), GPU and TPU.
 - 'splash': Pallas splash attention (TPU), causal by position inside each
-  segment, GQA by the multi-query kernel per kv head; sequence lengths a
-  multiple of 128.
+  segment, GQA by the multi-query kernel per kv head. Its blocks are 128
+  long: other lengths (a learner's prompt + response - 1) are padded to
+  them with segment id 0, which no real query sees, and cut back.
 On GPU 'auto' takes cuDNN, then tokamax; on TPU splash, then tokamax; XLA
 otherwise. All equal the reference on every position that sees a key (a
 padding query, which sees none, is undefined: each implementation fills it
@@ -109,7 +110,29 @@ def _tokamax(q, k, v, mask_bts, scale):
                                                 scale=scale)
 
 
+SPLASH_BLOCK = 128
+
+
+def pad_to_block(x, seg, block: int):
+  """x [B, T, ...], seg [B, T] padded along T to a multiple of `block`
+  (segment id 0: padding, seen by no real query)."""
+  pad = -x.shape[1] % block
+  if not pad:
+    return x, seg
+  widths = [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)
+  return jnp.pad(x, widths), jnp.pad(seg, ((0, 0), (0, pad)))
+
+
 def _splash(q, k, v, q_seg, k_seg, scale):
+  """Splash attention, its lengths padded to its blocks, cut back after."""
+  t = q.shape[1]
+  q, q_seg = pad_to_block(q, q_seg, SPLASH_BLOCK)
+  k, k_seg = pad_to_block(k, k_seg, SPLASH_BLOCK)
+  v, _ = pad_to_block(v, jnp.zeros(v.shape[:2], jnp.int32), SPLASH_BLOCK)
+  return _splash_blocks(q, k, v, q_seg, k_seg, scale)[:, :t]
+
+
+def _splash_blocks(q, k, v, q_seg, k_seg, scale):
   """Splash attention per batch row and kv head (multi-query over its G query heads)."""
   # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas.ops.tpu.splash_attention import (
@@ -143,17 +166,17 @@ def _tokamax_available() -> bool | str:
 def _attention_candidates(q, k, packed_causal: bool):
   backend = _registry.backend()
   half = q.dtype in (jnp.bfloat16, jnp.float16)
-  h, t, s = q.shape[-1], q.shape[1], k.shape[1]
-  on_gpu = backend == 'gpu' or f'needs a GPU (backend {backend})'
+  h = q.shape[-1]
+  on_gpu = backend == 'gpu' or _registry.elsewhere(
+      f'needs a GPU (backend {backend})')
   cudnn = on_gpu
   if cudnn is True and not half:
     cudnn = f'cuDNN flash attention takes bf16 / fp16, not {q.dtype}'
   elif cudnn is True and (h % 8 or h > 128):
     cudnn = f'cuDNN flash attention needs head_dim % 8 == 0, <= 128 ({h})'
-  splash = backend == 'tpu' or f'needs a TPU (backend {backend})'
-  if splash is True and (t % 128 or s % 128):
-    splash = f'splash needs sequence lengths that are multiples of 128 ({t}, {s})'
-  elif splash is True and not packed_causal:
+  splash = backend == 'tpu' or _registry.elsewhere(
+      f'needs a TPU (backend {backend})')
+  if splash is True and not packed_causal:
     splash = 'splash takes segment ids and a causal mask, not a general mask'
   tok = _tokamax_available()
   if backend not in ('gpu', 'tpu'):  # tokamax runs XLA here: only if forced
@@ -194,7 +217,8 @@ def attention(q_btnh, k_bskh, v_bskh, *, scale: float,
     mask_bts = attention_mask(positions[0], segment_ids[0], positions[1],
                               segment_ids[1])
   name = _registry.pick('attention', _attention_candidates(
-      q_btnh, k_bskh, packed), dtype=q_btnh.dtype)
+      q_btnh, k_bskh, packed), dtype=q_btnh.dtype,
+                        shape=f'q {q_btnh.shape}, k {k_bskh.shape}')
   if name == 'xla':
     return _xla(q_btnh, k_bskh, v_bskh, mask_bts, scale)
   if name == 'splash':
@@ -266,9 +290,10 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
   kernel = _cpu.kernel_enabled('cache_attention')
   if kernel is True and (cache_k_bkhs.dtype != jnp.float32 or
                          q_btnh.dtype != jnp.float32):
-    kernel = 'the CPU kernel is fp32 only'
+    kernel = _registry.elsewhere('the CPU kernel is fp32 only')
   elif kernel is True and sharded:
-    kernel = 'a sharded cache (a custom call has no SPMD rule)'
+    kernel = _registry.elsewhere(
+        'a sharded cache (a custom call has no SPMD rule)')
   name = _registry.pick('cache_attention', [('cpu_kernel', kernel),
                                             ('xla', True)],
                         dtype=q_btnh.dtype)

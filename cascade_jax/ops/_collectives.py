@@ -27,7 +27,7 @@ from cascade_jax.ops import _registry
 def expert_exchange(dtype=None) -> str:
   """The exchange the `ragged` dispatch uses under expert parallelism, recorded."""
   backend = _registry.backend()
-  native = backend in ('gpu', 'tpu') or (
+  native = backend in ('gpu', 'tpu') or _registry.elsewhere(
       f'XLA:{backend.upper()} has no ragged_all_to_all')
   return _registry.pick('expert_exchange', [
       ('ragged_all_to_all', native), ('all_gather', True),

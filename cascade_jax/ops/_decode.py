@@ -20,9 +20,9 @@ def moe_decode_uses_kernel(act: str, dtype) -> bool:
   """Whether the sampler's MoE steps run the CPU kernel (`moe_ffn`), recorded."""
   ok = _cpu.kernel_enabled('moe_decode')
   if ok is True and jnp.dtype(dtype) != jnp.float32:
-    ok = 'the CPU kernel is fp32 only'
+    ok = _registry.elsewhere('the CPU kernel is fp32 only')
   elif ok is True and not kernels.moe_ffn_available(act, dtype):
-    ok = f'no CPU kernel for activation {act!r}'
+    ok = _registry.elsewhere(f'no CPU kernel for activation {act!r}')
   return _registry.pick('moe_decode', [('cpu_kernel', ok), ('xla', True)],
                         dtype=dtype) == 'cpu_kernel'
 
@@ -47,7 +47,7 @@ def argmax(x_bv: jax.Array) -> jax.Array:
   """
   ok = _cpu.kernel_enabled('argmax')
   if ok is True and x_bv.dtype != jnp.float32:
-    ok = 'the CPU kernel is fp32 only'
+    ok = _registry.elsewhere('the CPU kernel is fp32 only')
   if _registry.pick('argmax', [('cpu_kernel', ok), ('xla', True)],
                     dtype=x_bv.dtype) == 'cpu_kernel':
     return kernels.argmax(x_bv)

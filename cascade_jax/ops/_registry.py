@@ -10,6 +10,13 @@ and records the choice, so that a run can say what it ran (`selected`).
 A forced implementation that cannot run here is an error that names the
 reason, not a silent fallback: a benchmark that asked for cuDNN must not
 time XLA.
+
+Strict mode (`set_strict(True)`, a config's `ops_strict`, or
+CASCADE_JAX_OPS_STRICT=1) makes every fallback an error: when the backend's
+preferred implementation refuses a call (a shape, a dtype) and a later one
+would run, `pick` raises, naming the op, the call's shape and the reason.
+A candidate that is not for this backend at all (cuDNN on a TPU), given as
+`elsewhere(reason)`, is not a fallback. The plan compiles strict.
 """
 
 from __future__ import annotations
@@ -23,7 +30,20 @@ from collections.abc import Iterator, Sequence
 import jax
 
 ENV = 'CASCADE_JAX_OPS'
+STRICT_ENV = 'CASCADE_JAX_OPS_STRICT'
 AUTO = 'auto'
+
+
+class Elsewhere(str):
+  """Why an implementation cannot run: it is not for this backend (not a fallback)."""
+
+
+def elsewhere(reason: str) -> Elsewhere:
+  return Elsewhere(reason)
+
+
+class FallbackError(ValueError):
+  """Strict mode: an op would leave its preferred implementation."""
 
 # op -> its implementations; the first is the reference (plain JAX / XLA).
 IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
@@ -42,6 +62,29 @@ _lock = threading.Lock()
 _forced: dict[str, str] = {}
 _picked: dict[str, collections.Counter] = collections.defaultdict(
     collections.Counter)
+_strict = [os.environ.get(STRICT_ENV, '') not in ('', '0')]
+
+
+def set_strict(on: bool) -> None:
+  """Strict mode on or off (see the module's docstring); at the next trace."""
+  with _lock:
+    _strict[0] = bool(on)
+
+
+def strict() -> bool:
+  with _lock:
+    return _strict[0]
+
+
+@contextlib.contextmanager
+def strict_mode(on: bool = True) -> Iterator[None]:
+  """`set_strict` for the duration of a with-block."""
+  before = strict()
+  set_strict(on)
+  try:
+    yield
+  finally:
+    set_strict(before)
 
 
 def backend() -> str:
@@ -114,14 +157,17 @@ def forced_choice(op: str) -> str:
 
 
 def pick(op: str, candidates: Sequence[tuple[str, bool | str]], *,
-         dtype=None) -> str:
+         dtype=None, shape: str = '') -> str:
   """The implementation to run for this call, recorded.
 
   Args:
     op: a key of IMPLEMENTATIONS.
     candidates: (name, True or why it cannot run here) in order of
       preference; the reference ('xla') should come last as the fallback.
+      A reason made by `elsewhere` says the implementation is not for this
+      backend (strict mode does not count passing it as a fallback).
     dtype: the call's dtype, for the record.
+    shape: the call's shapes, for strict mode's error.
   """
   _check(op, AUTO)
   want = forced_choice(op)
@@ -137,10 +183,25 @@ def pick(op: str, candidates: Sequence[tuple[str, bool | str]], *,
     name = next((n for n, ok in candidates if ok is True), None)
     if name is None:
       raise ValueError(f'ops: no implementation of {op} can run here: {why}')
+    if strict():
+      _check_no_fallback(op, candidates, name, dtype, shape)
   dt = 'any' if dtype is None else str(jax.numpy.dtype(dtype))
   with _lock:
     _picked[op][f'{name} ({backend()}, {dt})'] += 1
   return name
+
+
+def _check_no_fallback(op, candidates, name, dtype, shape) -> None:
+  for other, ok in candidates:
+    if other == name:
+      return
+    if not isinstance(ok, Elsewhere):
+      raise FallbackError(
+          f'ops (strict): {op} would fall back from {other!r} to {name!r} '
+          f'on {backend()} for {shape or "this call"} (dtype {dtype}): '
+          f'{ok}. Pad the call to the kernel\'s blocks, or run without '
+          f'strict mode ({STRICT_ENV}=0 / ops_strict=False) to accept the '
+          f'fallback')
 
 
 def selected() -> dict[str, list[str]]:
