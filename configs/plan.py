@@ -1,4 +1,4 @@
-"""AOT plans: every step of a model compiled for meshes of 8, 64 and 256 devices, from shapes only.
+"""AOT plans: every step of a model compiled for meshes of 8, 32 and 128 chips, from shapes only.
 
   python -m experiments.plan --config=configs/plan.py:qwen3_30b_a3b
   python -m experiments.plan --config=configs/plan.py:nemotron3_nano_30b_a3b
@@ -11,22 +11,30 @@ and whether the step fits (see cascade_jax/aot). With libtpu installed
 (scripts/plan.sh makes .venv-tpu) the meshes are TPU v5p topologies,
 otherwise fake CPU devices.
 
-The 30B shapes, per device: SFT one packed 8k-token row (64 rows at 64
-devices: the recipe's batch of 64 packed sequences); RL one 8k-token
-rollout (prompt + response) per device and update; the sampler 8 rows,
-2k-token prompts, an 8k-token KV cache.
+The 30B shapes, per device: SFT one packed 8k-token row; RL one rollout
+(a 2k prompt + an 8k response: 10,239 scored positions) per device and
+update; the sampler 8 rows, 2k-token prompts, a 10k-token KV cache. The
+plan compiles strict (`ops_strict`): a kernel that would fall back to XLA
+at these shapes is an error, not a quiet slow step.
 """
 
 import ml_collections
 
 from cascade_jax import train
 
-# Mesh name -> axes (+ the TPU topology of that many chips).
+# Mesh name -> axes (+ the TPU topology of that many chips). Names are
+# Google's slice names, which count TensorCores (two per v5p chip): a v5p-16
+# is 8 chips, a v5p-64 32 chips, a v5p-256 128 chips.
 MESHES_30B = {
-    'v5p-8': dict(fsdp=8, topology='v5p:2x2x2'),
-    'v5p-64': dict(fsdp=8, expert=8, topology='v5p:4x4x4'),
-    'v5p-256': dict(fsdp=16, expert=16, topology='v5p:4x8x8'),
+    'v5p-16': dict(fsdp=8, topology='v5p:2x2x2'),
+    'v5p-64': dict(fsdp=4, expert=8, topology='v5p:2x4x4'),
+    'v5p-256': dict(fsdp=8, expert=16, topology='v5p:4x4x8'),
 }
+
+# The recipe's RL shapes: a prompt of up to 2k tokens and a response of up
+# to 8k; the learner scores prompt + response - 1 = 10,239 positions (not a
+# multiple of any kernel block: the kernels pad, strict mode checks it).
+RL_SEQ_30B = 2048 + 8192 - 1
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -35,6 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del c['mesh']                     # the plan's meshes are `meshes`
   c.platform = 'auto'               # 'auto' (TPU if libtpu), 'tpu', 'cpu'
   c.steps = 'sft,grpo,mopd,prefill,decode'
+  c.ops_strict = True
   c.only = ''                       # mesh names to compile ('': all)
   # Meshes whose FLOPs / bytes are measured at full depth ('': all): two
   # more compiles of each step (aot.depth_cost); elsewhere they are NaN.
@@ -51,14 +60,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (each a third of the plan's compile time) stand for the others'.
     c.cost_meshes = 'v5p-64'
     c.shapes = ml_collections.ConfigDict(dict(
-        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rl_micro_batches=1,
-        rollout_rows=8, prompt_len=2048, cache_len=8192))
+        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=RL_SEQ_30B,
+        rl_micro_batches=1, rollout_rows=8, prompt_len=2048,
+        cache_len=RL_SEQ_30B + 1))
   elif arg == 'qwen3_30b_a3b_micro':
     # The GRPO update over more rollouts per device than fit at once, in
     # micro-batches (one optimizer step, gradients accumulated): rollouts
-    # per device x micro-batches, on v5p-8 and v5p-64 (README: the table).
+    # per device x micro-batches, on v5p-16 and v5p-64 (README: the table).
     c.update(get_config('qwen3_30b_a3b'))
-    c.steps, c.only, c.cost_meshes = 'grpo', 'v5p-8,v5p-64', 'none'
+    c.steps, c.only, c.cost_meshes = 'grpo', 'v5p-16,v5p-64', 'none'
     c.variants = ml_collections.ConfigDict({
         f'{rows}x{k}': dict(rl_rows=rows, rl_micro_batches=k)
         for rows, k in ((1, 1), (4, 1), (4, 4), (16, 1), (16, 4), (16, 16))})
@@ -73,9 +83,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
     c.shapes = ml_collections.ConfigDict(dict(
-        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=8192, rl_micro_batches=1,
-        rollout_rows=8,
-        prompt_len=2048, cache_len=8192))
+        sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=RL_SEQ_30B,
+        rl_micro_batches=1, rollout_rows=8, prompt_len=2048,
+        cache_len=RL_SEQ_30B + 1))
   elif arg == 'small_hybrid':
     # The hybrid main job's model on 8 fake devices (the test size).
     c.platform = 'cpu'

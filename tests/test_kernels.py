@@ -33,7 +33,7 @@ def _problem(n, k, e, d, f, act, seed=0):
 
 
 def _dense(x, idx, w, ws, act):
-  y, _ = model.expert_forward(
+  y, *_ = model.expert_forward(
       x, idx, w, tuple(ws), act=act, dispatch='dense',
       num_experts=ws[0].shape[0], capacity_factor=1.0)
   return y

@@ -41,6 +41,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cascade_jax import model as model_lib
+from cascade_jax import ops
 from cascade_jax import rl
 from cascade_jax import rollout
 from cascade_jax import sft
@@ -395,6 +396,13 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
   `on_step(costs so far)` runs after each step (the launcher writes its
   results file there: a long plan's finished steps are kept).
   """
+  # Strict (the default here): a kernel that would fall back at a planned
+  # shape is an error naming the op, the shape and why, not a quiet XLA op.
+  with ops.strict_mode(config.get('ops_strict', True)):
+    return _run(config, progress, on_step)
+
+
+def _run(config, progress, on_step) -> list[StepCost]:
   cfg = model_config(config)
   opt = train.make_optimizer(train.OptimConfig())
   rules = sharding.rules_from_config(

@@ -24,6 +24,8 @@ from cascade_jax.model._dispatch import DROPLESS_CAPACITY_FACTOR
 from cascade_jax.model._dispatch import dropless as dropless_experts
 from cascade_jax.model._dispatch import flat_mlp
 from cascade_jax.model._dispatch import expert_forward
+from cascade_jax.model._dispatch import overflow_chunks
+from cascade_jax.model._dispatch import receive_rows
 from cascade_jax.model._dispatch import replay_capacity
 from cascade_jax.model._layers import activation
 from cascade_jax.model._layers import is_gated
@@ -41,6 +43,7 @@ from cascade_jax.model._moe import update_expert_bias
 from cascade_jax.model._params import count_params
 from cascade_jax.model._params import ParamCount
 from cascade_jax.model._transformer import dropped_fraction
+from cascade_jax.model._transformer import spilled_fraction
 from cascade_jax.model._transformer import init_cache
 from cascade_jax.model._transformer import KVCache
 from cascade_jax.model._transformer import Transformer

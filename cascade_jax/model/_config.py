@@ -43,6 +43,11 @@ class MoEConfig:
   shared_expert_dim: int = 0
   dispatch: str = 'capacity'
   capacity_factor: float = 1.25
+  # `ragged` under expert parallelism: each shard's receive buffer in
+  # multiples of the mean load (MaxText's ragged_buffer_factor); exact
+  # either way (an overflow runs a chunked exchange, counted as the router
+  # stat 'spilled'). <= 0: the worst case, ep x tokens x top_k rows.
+  ragged_buffer_factor: float = 2.0
 
   def __post_init__(self):
     _check(self.num_experts > 0, 'moe.num_experts', 'must be positive')

@@ -138,12 +138,24 @@ def _flat_dense(num_tokens: int, top_k: int, num_experts: int) -> bool:
 # ----------------------------------------------------------------- ragged
 
 
-def _ragged_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
-  """Sort (token, expert) pairs by local expert, two `ragged_dot`s, unsort."""
+def _grouped_mlp(xs_md, groups_g, ws, act):
+  """The experts' MLP on rows sorted by expert (rows past the groups give 0)."""
   w_gate, w_up, w_down = ws
+  g = ops.grouped_matmul(xs_md, w_gate, groups_g)
+  u = None if w_up is None else ops.grouped_matmul(xs_md, w_up, groups_g)
+  return ops.grouped_matmul(activation(act, g, u), w_down, groups_g)
+
+
+def _ragged_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
+  """Sort (token, expert) pairs by local expert, two `ragged_dot`s, unsort.
+
+  The sorted buffer has `ops.round_rows(N k)` rows (the kernel's tile); the
+  rows past the pairs read the zero row and are read by nobody.
+  """
   n, k = idx_nk.shape
-  num_local = w_gate.shape[0]
+  num_local = ws[0].shape[0]
   a = n * k
+  rows = ops.round_rows(a)
   e_local = idx_nk.reshape(a) - first_expert
   is_local = (e_local >= 0) & (e_local < num_local)
   key = jnp.where(is_local, e_local, num_local)  # non-local pairs sort last
@@ -151,30 +163,80 @@ def _ragged_local(x_nd, idx_nk, w_nk, ws, act, first_expert):
   rank = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
   group_sizes = jnp.bincount(key, length=num_local + 1)[:num_local]
   # Sorted row r reads token order[r] // k; token m is read by rows rank[m*k+j].
-  xs = _gather_rows(x_nd, order // k, rank.reshape(n, k))
-  g = ops.grouped_matmul(xs, w_gate, group_sizes)
-  u = None if w_up is None else ops.grouped_matmul(xs, w_up, group_sizes)
-  ys = ops.grouped_matmul(activation(act, g, u), w_down, group_sizes)
-  y_ad = _gather_rows(ys, rank, order[:, None])
+  src = jnp.pad(order // k, (0, rows - a), constant_values=n)
+  xs = _gather_rows(x_nd, src, rank.reshape(n, k))
+  ys = _grouped_mlp(xs, group_sizes, ws, act)
+  pair = jnp.pad(order, (0, rows - a), constant_values=a)
+  y_ad = _gather_rows(ys, rank, pair[:, None])
   y_ad = jnp.where(is_local[:, None], y_ad, 0)
   return _combine(y_ad.reshape(n, k, -1), w_nk)
 
 
+def receive_rows(num_pairs: int, ep: int, factor: float) -> int:
+  """Rows of an expert shard's receive buffer for `num_pairs` sent per shard.
+
+  `factor` x the mean load (every shard sends `num_pairs`, so a shard
+  receives that many on average), at most the worst case (every pair to one
+  shard: ep x num_pairs); `factor` <= 0 takes the worst case. A multiple of
+  the grouped matmul's row tile.
+  """
+  worst = ep * num_pairs
+  rows = worst if factor <= 0 else min(worst, math.ceil(factor * num_pairs))
+  return ops.round_rows(max(rows, 1))
+
+
+def overflow_chunks(num_tokens: int, top_k: int, ep: int, rows: int) -> int:
+  """Token chunks small enough that no shard can receive more than `rows`."""
+  per_chunk = max(rows // (ep * top_k), 1)
+  return -(-num_tokens // per_chunk)
+
+
 def _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
-                       *, emulated):
+                       *, emulated, buffer_factor):
   """`ragged` under expert parallelism: each pair travels to its expert's shard and back.
 
-  Pairs sorted by expert are sorted by destination shard (experts are
-  contiguous per shard); a `ragged_all_to_all` sends each shard its slice,
-  the receiver groups what it got by local expert for the grouped matmuls,
-  and a second one returns the results to the pairs' owners. The receive
-  buffer holds ep x N x k rows (the worst case, every pair to one shard), as
-  MaxText's dropless path does without a capacity bound.
+  The receive buffer holds `receive_rows` rows: `buffer_factor` x the mean
+  load, not the worst case (ep x N x k rows, which grows with the expert
+  axis), as MaxText's `ragged_buffer_factor`. Unlike MaxText's, it stays
+  exact: every shard sees the whole [from, to] send matrix, so all of them
+  know when some shard would receive more, and then (`lax.cond`, the same
+  branch everywhere) the exchange runs over token chunks small enough that
+  no shard can overflow, each chunk rematerialised in the backward pass, so
+  memory stays bounded either way. The second output says which ran.
   """
-  w_gate, w_up, w_down = ws
+  n, k = idx_nk.shape
+  ep = _axis_size(expert_axes)
+  rows = receive_rows(n * k, ep, buffer_factor)
+  one = functools.partial(_exchange_once, ws=ws, act=act,
+                          expert_axes=expert_axes, tensor_axes=tensor_axes,
+                          emulated=emulated, rows=rows)
+  if rows >= ep * n * k:
+    return one(x_nd, idx_nk, w_nk)[0], jnp.zeros((), bool)
+  e_loc = ws[0].shape[0]
+  send = jnp.bincount(idx_nk.reshape(-1) // e_loc, length=ep)
+  gather_axis = expert_axes if len(expert_axes) > 1 else expert_axes[0]
+  sizes = jax.lax.all_gather(send, gather_axis, axis=0, tiled=False)
+  overflow = jnp.max(jnp.sum(sizes, axis=0)) > rows   # the same on every shard
+  chunks = overflow_chunks(n, k, ep, rows)
+
+  def chunked():
+    m = -(-n // chunks)
+    pad = lambda v: jnp.pad(v, ((0, chunks * m - n),) + ((0, 0),) * (v.ndim - 1))
+    xs, idx, w = (pad(v).reshape(chunks, m, *v.shape[1:])
+                  for v in (x_nd, idx_nk, w_nk))
+    body = jax.checkpoint(lambda c: one(*c)[0])
+    return jax.lax.map(body, (xs, idx, w)).reshape(chunks * m, -1)[:n]
+
+  y = jax.lax.cond(overflow, chunked, lambda: one(x_nd, idx_nk, w_nk)[0])
+  return y, overflow
+
+
+def _exchange_once(x_nd, idx_nk, w_nk, *, ws, act, expert_axes, tensor_axes,
+                   emulated, rows):
+  """One exchange with a receive buffer of `rows` (the caller knows it fits)."""
   n, k = idx_nk.shape
   d = x_nd.shape[-1]
-  e_loc = w_gate.shape[0]
+  e_loc = ws[0].shape[0]
   ep = _axis_size(expert_axes)
   a = n * k
   exchange = functools.partial(ops.ragged_all_to_all, axes=expert_axes,
@@ -191,20 +253,17 @@ def _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
   me = ops.axis_index(expert_axes)
   recv = sizes[:, me]
   out_off = (jnp.cumsum(sizes, axis=0) - sizes)[me]   # after earlier senders
-  buf = ep * a
-  x_recv = exchange(xs, jnp.zeros((buf, d), xs.dtype), in_off, send, out_off,
+  x_recv = exchange(xs, jnp.zeros((rows, d), xs.dtype), in_off, send, out_off,
                     recv)
   e_recv = exchange((e_sorted % e_loc).astype(jnp.int32),
-                    jnp.full((buf,), e_loc, jnp.int32), in_off, send, out_off,
+                    jnp.full((rows,), e_loc, jnp.int32), in_off, send, out_off,
                     recv)
   order2 = jnp.argsort(e_recv, stable=True)          # empty rows sort last
-  rank2 = jnp.zeros((buf,), jnp.int32).at[order2].set(
-      jnp.arange(buf, dtype=jnp.int32))
+  rank2 = jnp.zeros((rows,), jnp.int32).at[order2].set(
+      jnp.arange(rows, dtype=jnp.int32))
   groups = jnp.bincount(e_recv, length=e_loc + 1)[:e_loc]
   xr = _gather_rows(x_recv, order2, rank2[:, None])
-  g = ops.grouped_matmul(xr, w_gate, groups)
-  u = None if w_up is None else ops.grouped_matmul(xr, w_up, groups)
-  yr = ops.grouped_matmul(activation(act, g, u), w_down, groups)
+  yr = _grouped_mlp(xr, groups, ws, act)
   if tensor_axes:
     yr = jax.lax.psum(yr, tensor_axes)
   y_recv = _gather_rows(yr, rank2, order2[:, None])
@@ -215,7 +274,7 @@ def _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
   ys = exchange(y_recv, jnp.zeros((a, d), y_recv.dtype), back_in, recv,
                 back_out, send)
   y_ad = _gather_rows(ys, rank, order[:, None])
-  return _combine(y_ad.reshape(n, k, -1), w_nk)
+  return _combine(y_ad.reshape(n, k, -1), w_nk), sizes
 
 
 # --------------------------------------------------------------- capacity
@@ -291,7 +350,8 @@ def dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
 
   The test is taken over the expert axes (every shard of an all_to_all group
   must take the same branch). `dense` overrides the fallback (the decode
-  path's pre-laid-out flat weights).
+  path's pre-laid-out flat weights). Returns (y, kept pairs: all, whether
+  the fallback ran).
   """
   load = jnp.bincount(_expert_of_pair(idx_nk, num_experts, valid_n),
                       length=num_experts + 1)[:num_experts]
@@ -300,11 +360,11 @@ def dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
     worst = jax.lax.pmax(worst, expert_axes)
   if dense is None:
     dense = lambda: _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes,
-                                tensor_axes)
+                                tensor_axes)[0]
   blocks = lambda: _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap,
                              expert_axes, tensor_axes, valid_n)[0]
   y = jax.lax.cond(worst <= cap, blocks, dense)
-  return y, jnp.ones(idx_nk.shape, bool)
+  return y, jnp.ones(idx_nk.shape, bool), worst > cap
 
 
 def replay_capacity(expert_idx_btlk, valid_bt, num_experts: int) -> int:
@@ -343,6 +403,7 @@ DROPLESS_CAPACITY_FACTOR = 2.0
 def expert_forward(x_nd, idx_nk, w_nk, ws, valid_n=None, *, act: str,
                    dispatch: str, num_experts: int, capacity_factor: float,
                    capacity_slots: int | None = None,
+                   buffer_factor: float = 0.0,
                    expert_axes: Axes = (), tensor_axes: Axes = ()):
   """Weighted expert outputs for this shard's tokens.
 
@@ -357,38 +418,50 @@ def expert_forward(x_nd, idx_nk, w_nk, ws, valid_n=None, *, act: str,
     capacity_slots: `capacity` / `dropless` slots per expert (per source
       shard) instead of `capacity_factor`'s (`dropless`: at least twice the
       mean load when neither is larger).
+    buffer_factor: `ragged`'s expert-parallel receive buffer in multiples of
+      the mean load (`receive_rows`; <= 0: the worst case).
     expert_axes / tensor_axes: mesh axes splitting experts / expert width.
 
   Returns:
-    ([N, D] output, [N, k] bool: pair was computed, i.e. not dropped).
+    ([N, D] output, [N, k] bool: pair was computed, i.e. not dropped,
+    [N] bool: the token's exact path left its bounded buffer for its
+    fallback: `dropless`'s dense pass, `ragged`'s chunked exchange).
   """
+  n, k = idx_nk.shape
+  spilled = lambda flag: jnp.broadcast_to(flag, (n,))
   if dispatch in ('capacity', 'dropless'):
-    n, k = idx_nk.shape
     factor = (capacity_factor if dispatch == 'capacity' else
               max(capacity_factor, DROPLESS_CAPACITY_FACTOR))
     cap = capacity_slots or capacity(n, k, num_experts, factor)
-    path = _capacity if dispatch == 'capacity' else dropless
-    return path(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
-                tensor_axes, valid_n)
-  y = _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
-                  ragged=dispatch == 'ragged')
-  return y, jnp.ones(idx_nk.shape, bool)
+    if dispatch == 'capacity':
+      y, keep = _capacity(x_nd, idx_nk, w_nk, ws, act, num_experts, cap,
+                          expert_axes, tensor_axes, valid_n)
+      return y, keep, spilled(False)
+    y, keep, fell_back = dropless(x_nd, idx_nk, w_nk, ws, act, num_experts,
+                                  cap, expert_axes, tensor_axes, valid_n)
+    return y, keep, spilled(fell_back)
+  y, fell_back = _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes,
+                             tensor_axes, ragged=dispatch == 'ragged',
+                             buffer_factor=buffer_factor)
+  return y, jnp.ones(idx_nk.shape, bool), spilled(fell_back)
 
 
 def _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes, *,
-                ragged=False):
-  """`dense` (or `ragged`): every pair computed, on one shard or over the expert axes."""
+                ragged=False, buffer_factor=0.0):
+  """`dense` (or `ragged`): every pair computed, on one shard or over the
+  expert axes: (y, whether a bounded buffer overflowed)."""
   local = _ragged_local if ragged else _dense_local
   ep = _axis_size(expert_axes)
   if ragged and ep > 1:
     exchange = ops.expert_exchange(x_nd.dtype)
     if exchange != 'all_gather':
       return _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes,
-                                tensor_axes,
+                                tensor_axes, buffer_factor=buffer_factor,
                                 emulated=exchange.endswith('emulated'))
+  no = jnp.zeros((), bool)
   if ep == 1:
     y = local(x_nd, idx_nk, w_nk, ws, act, 0)
-    return jax.lax.psum(y, tensor_axes) if tensor_axes else y
+    return (jax.lax.psum(y, tensor_axes) if tensor_axes else y), no
   # Portable expert parallelism: every shard sees the tokens of its expert
   # group, computes its own experts' share, and the shares are summed back
   # to the token owners.
@@ -400,4 +473,4 @@ def _dense_path(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes, *,
   if tensor_axes:
     y_all = jax.lax.psum(y_all, tensor_axes)
   return jax.lax.psum_scatter(y_all, expert_axes, scatter_dimension=0,
-                              tiled=True)
+                              tiled=True), no

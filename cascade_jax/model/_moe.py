@@ -53,9 +53,14 @@ def route(logits_ne: jax.Array, *, score_fn: str, top_k: int,
   return scores, idx, w * routed_scale
 
 
-def router_stats(logits_bte, scores_bte, idx_btk, valid_bt, keep_btk, *,
-                 num_experts: int, top_k: int):
-  """Expert load, dropped fraction, sequence aux loss and z-loss (unscaled).
+def router_stats(logits_bte, scores_bte, idx_btk, valid_bt, keep_btk,
+                 spilled_bt=None, *, num_experts: int, top_k: int):
+  """Expert load, dropped and spilled fractions, sequence aux loss and z-loss (unscaled).
+
+  spilled: the fraction of real tokens whose exact dispatch left its bounded
+  buffer for its fallback (`dropless`'s dense pass, `ragged`'s chunked
+  exchange): exact, but slower; a run that spills often wants a larger
+  buffer (`capacity_factor`, `ragged_buffer_factor`).
 
   seq_aux (DeepSeek-V3): per sequence, sum_e f_e * p_e with
   f_e = E / (k T) * (#tokens choosing e) and p_e = mean_t of the normalised
@@ -74,7 +79,12 @@ def router_stats(logits_bte, scores_bte, idx_btk, valid_bt, keep_btk, *,
   z_loss = jnp.sum(jnp.square(z) * valid) / jnp.maximum(valid.sum(), 1.0)
   dropped = jnp.sum((1.0 - keep_btk.astype(jnp.float32)) * valid[..., None]) / (
       jnp.maximum(valid.sum(), 1.0) * top_k)
-  return dict(load=load, dropped=dropped, seq_aux=seq_aux, z_loss=z_loss)
+  if spilled_bt is None:
+    spilled_bt = jnp.zeros(valid_bt.shape, bool)
+  spilled = jnp.sum(spilled_bt.astype(jnp.float32) * valid) / jnp.maximum(
+      valid.sum(), 1.0)
+  return dict(load=load, dropped=dropped, spilled=spilled, seq_aux=seq_aux,
+              z_loss=z_loss)
 
 
 class MoE(nnx.Module):
@@ -121,8 +131,9 @@ class MoE(nnx.Module):
     replay = None if expert_idx_btk is None else expert_idx_btk.reshape(b * t, -1)
     logits, scores, idx_nk, w_nk = self.route_tokens(x_nd, replay)
     valid_n = None if valid_bt is None else valid_bt.reshape(b * t)
-    y_nd, keep_nk = self.experts(x_nd, idx_nk, w_nk, valid_n,
-                                 dispatch=dispatch, capacity=capacity)
+    y_nd, keep_nk, spilled_n = self.experts(x_nd, idx_nk, w_nk, valid_n,
+                                            dispatch=dispatch,
+                                            capacity=capacity)
     if self.shared is not None:
       y_nd = y_nd + self.shared(x_nd)
 
@@ -133,7 +144,7 @@ class MoE(nnx.Module):
     stats = router_stats(
         logits.reshape(b, t, -1), scores.reshape(b, t, -1),
         idx_nk.reshape(b, t, -1), valid_bt, keep_nk.reshape(b, t, -1),
-        num_experts=m.num_experts, top_k=m.top_k)
+        spilled_n.reshape(b, t), num_experts=m.num_experts, top_k=m.top_k)
     stats['aux_loss'] = (m.seq_aux_loss_coef * stats['seq_aux'] +
                          m.z_loss_coef * stats['z_loss'])
     stats['expert_idx'] = idx_nk.reshape(b, t, -1)
@@ -157,7 +168,7 @@ class MoE(nnx.Module):
 
   def experts(self, x_nd, idx_nk, w_nk, valid_n=None, *,
               dispatch: str | None = None, capacity: int | None = None):
-    """The routed experts on tokens [N, D]: ([N, D], [N, k] kept), sharded if the model is."""
+    """The routed experts on tokens [N, D]: ([N, D], [N, k] kept, [N] spilled), sharded if the model is."""
     return self._experts(x_nd, idx_nk, w_nk, self.expert_weights(x_nd.dtype),
                          valid_n, dispatch or self.cfg.dispatch, capacity)
 
@@ -166,7 +177,7 @@ class MoE(nnx.Module):
     fn = functools.partial(
         _dispatch.expert_forward, act=m.activation, dispatch=dispatch,
         num_experts=m.num_experts, capacity_factor=m.capacity_factor,
-        capacity_slots=capacity)
+        capacity_slots=capacity, buffer_factor=m.ragged_buffer_factor)
     if self.ctx is None:
       return fn(x_nd, idx_nk, w_nk, ws, valid_n)
 
@@ -189,7 +200,7 @@ class MoE(nnx.Module):
     # declare outputs without the varying-axes annotation the check needs;
     # the sharded tests hold values and gradients to one device's.
     return jax.shard_map(fn, mesh=ctx.mesh, in_specs=in_specs,
-                         out_specs=(tok, tok), check_vma=False)(
+                         out_specs=(tok, tok, tok), check_vma=False)(
                              x_nd, idx_nk, w_nk, ws, valid_n)
 
 

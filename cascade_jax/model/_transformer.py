@@ -350,5 +350,14 @@ def dropped_fraction(info) -> jax.Array:
   return jnp.mean(info['router']['dropped'])
 
 
+def spilled_fraction(info) -> jax.Array:
+  """The mean over MoE layers of the fraction of tokens whose exact dispatch
+  left its bounded buffer for its (exact, slower) fallback; 0 without MoE."""
+  if 'router' not in info:
+    return jnp.zeros((), jnp.float32)
+  return jnp.mean(info['router']['spilled'])
+
+
 __all__ = ['ExpertBias', 'KVCache', 'Transformer', 'dropped_fraction',
+           'spilled_fraction',
            'init_cache']

@@ -156,11 +156,12 @@ def exact_moe(model_cfg, batch: RLBatch | None = None, *, min_capacity: int = 0,
 def _on_policy_metrics(logp, batch, info, n_tokens) -> dict[str, jax.Array]:
   """Learner vs sampler per response token (0 up to float rounding when the
   learner sees the sampler's weights, routing, temperature and kept set),
-  and the learner forward's dropped-token fraction."""
+  and the learner forward's dropped- and spilled-token fractions."""
   gap = jnp.abs(logp - batch.sampler_logp) * batch.mask.astype(jnp.float32)
   return dict(sampler_mismatch_mean=jnp.sum(gap) / n_tokens,
               sampler_mismatch_max=jnp.max(gap),
-              dropped_learner=model_lib.dropped_fraction(info))
+              dropped_learner=model_lib.dropped_fraction(info),
+              spilled_learner=model_lib.spilled_fraction(info))
 
 
 def _fwd(batch: RLBatch) -> dict[str, jax.Array]:

@@ -159,7 +159,7 @@ def moe_step(moe, x_nd, layout: DecodeWeights | None, valid_n=None,
   """
   _, _, idx_nk, w_nk = moe.route_tokens(x_nd, expert_idx_nk)
   if layout is None:
-    y_nd, _ = moe.experts(x_nd, idx_nk, w_nk, valid_n, dispatch='dense')
+    y_nd = moe.experts(x_nd, idx_nk, w_nk, valid_n, dispatch='dense')[0]
   else:
     y_nd = decode_forward(x_nd, idx_nk, w_nk, layout, act=moe.cfg.activation,
                           valid_n=valid_n)

@@ -65,7 +65,8 @@ def train_step(state: train.TrainState, batch, *, graph, opt, accum: int,
                                   1.0 / accum)
     m = dict(nll=nll)
     if n_moe:   # means over the micro-batches
-      m.update(load=router['load'] / accum, dropped=router['dropped'] / accum)
+      m.update(load=router['load'] / accum, dropped=router['dropped'] / accum,
+               spilled=router['spilled'] / accum)
     return loss, m
 
   _, m, grads = train.accumulate_gradients(micro_loss, state.params, batch,
@@ -81,7 +82,8 @@ def train_step(state: train.TrainState, batch, *, graph, opt, accum: int,
     load = m['load']
     metrics.update(expert_load_max=jnp.max(load) * load.shape[-1],
                    expert_load_min=jnp.min(load) * load.shape[-1],
-                   dropped=jnp.mean(m['dropped']))
+                   dropped=jnp.mean(m['dropped']),
+                   spilled=jnp.mean(m['spilled']))
   return state, metrics
 
 
