@@ -72,6 +72,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.variants = ml_collections.ConfigDict({
         f'{rows}x{k}': dict(rl_rows=rows, rl_micro_batches=k)
         for rows, k in ((1, 1), (4, 1), (4, 4), (16, 1), (16, 4), (16, 16))})
+  elif arg == 'qwen3_30b_a3b_recipe_batch':
+    # The GRPO update at the recipe's batch: 128 prompts x 16 rollouts =
+    # 2,048 rollouts of 10,239 scored positions per step, one optimizer
+    # step, each device's share in micro-batches of one rollout.
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.cost_meshes = 'grpo', 'none'
+    c.shapes.update(dict(rl_batch=0, rl_rows_per_micro=1))
+    c.variants = ml_collections.ConfigDict({
+        '2048 rollouts': dict(rl_batch=2048, rl_rows_per_micro=1)})
   elif arg == 'nemotron3_nano_30b_a3b':
     # The paper's base model: 23 Mamba-2, 23 MoE, 6 attention layers. Its
     # pattern has no repeating unit, so the layers run unrolled (scanning
@@ -116,5 +125,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
+                     'qwen3_30b_a3b_recipe_batch, '
                      'nemotron3_nano_30b_a3b, small, small_hybrid)')
   return c

@@ -200,6 +200,23 @@ def test_plan_compiles_the_grpo_update_in_micro_batches():
     aot.run(c, progress=lambda s: None)
 
 
+def test_plan_splits_the_recipes_rl_batch_over_a_mesh():
+  # 2,048 rollouts a step: 256 per chip on 8 chips, 16 on 128, each device's
+  # share one rollout a micro-batch; other rows stay per device.
+  shapes = dict(sft_rows=1, rl_rows=1, rl_micro_batches=1, rl_batch=2048,
+                rl_rows_per_micro=1, rl_seq=10239)
+  assert aot.mesh_shapes(shapes, 8) == dict(
+      sft_rows=8, rl_rows=2048, rl_micro_batches=256, rl_seq=10239)
+  assert aot.mesh_shapes({**shapes, 'rl_rows_per_micro': 4}, 128)[
+      'rl_micro_batches'] == 4
+  assert aot.mesh_shapes({**shapes, 'rl_batch': 0}, 8)['rl_rows'] == 8
+  with pytest.raises(ValueError, match='rl_batch 2048 does not split'):
+    aot.mesh_shapes({**shapes, 'rl_rows_per_micro': 3}, 8)
+  c = plan_config.get_config('qwen3_30b_a3b_recipe_batch')
+  assert sorted(c.meshes) == ['v5p-16', 'v5p-256', 'v5p-64']
+  assert c.ops_strict and c.shapes.rl_seq == 2048 + 8192 - 1
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group('heavy')
 def test_plan_on_the_hybrid_preset_compiles_every_step():

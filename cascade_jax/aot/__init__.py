@@ -8,6 +8,7 @@ from cascade_jax.aot._plan import from_results
 from cascade_jax.aot._plan import libtpu_available
 from cascade_jax.aot._plan import model_config
 from cascade_jax.aot._plan import run
+from cascade_jax.aot._plan import mesh_shapes
 from cascade_jax.aot._plan import model_flops
 from cascade_jax.aot._plan import per_device_bytes
 from cascade_jax.aot._plan import StepCost

@@ -436,8 +436,7 @@ def _run(config, progress, on_step) -> list[StepCost]:
     cost_meshes = [m.strip() for m in config.get('cost_meshes', '').split(',')
                    if m.strip()]
     for variant, over in _variants(config):
-      shapes = {k: int(v) * (n if k.endswith('_rows') else 1)
-                for k, v in {**config.shapes.to_dict(), **over}.items()}
+      shapes = mesh_shapes({**config.shapes.to_dict(), **over}, n)
       for step in steps:
         cost = compile_step(step, cfg, ctx, opt, shapes, platform, name,
                             with_cost=not cost_meshes or name in cost_meshes)
@@ -450,6 +449,28 @@ def _run(config, progress, on_step) -> list[StepCost]:
         out.append(cost)
         if on_step is not None:
           on_step(out)
+  return out
+
+
+def mesh_shapes(shapes: Mapping[str, int], devices: int) -> dict[str, int]:
+  """A config's shapes -> the shapes a mesh of `devices` compiles.
+
+  `*_rows` are per device (times `devices` here). `rl_batch`, if set, is
+  the rollouts of one RL step over the whole mesh (the recipe's 128 prompts
+  x 16): each device then takes rl_batch / devices of them in micro-batches
+  of `rl_rows_per_micro`, one optimizer step (`rl_rows` and
+  `rl_micro_batches` follow from it).
+  """
+  out = {k: int(v) * (devices if k.endswith('_rows') else 1)
+         for k, v in shapes.items()}
+  batch, per_micro = out.pop('rl_batch', 0), out.pop('rl_rows_per_micro', 1)
+  if batch:
+    if batch % (devices * per_micro):
+      raise ValueError(
+          f'plan: rl_batch {batch} does not split into {devices} devices x '
+          f'micro-batches of rl_rows_per_micro={per_micro} rollouts')
+    out['rl_rows'] = batch
+    out['rl_micro_batches'] = batch // (devices * per_micro)
   return out
 
 
