@@ -44,6 +44,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.platform = 'auto'               # 'auto' (TPU if libtpu), 'tpu', 'cpu'
   c.steps = 'sft,grpo,mopd,prefill,decode'
   c.ops_strict = True
+  # XLA options for the TPU compiles (not the CPU fallback's), e.g.
+  # dict(xla_tpu_scoped_vmem_limit_kib=65536) as MaxText raises it.
+  c.tpu_compiler_options = ml_collections.ConfigDict()
   c.only = ''                       # mesh names to compile ('': all)
   # Meshes whose FLOPs / bytes are measured at full depth ('': all): two
   # more compiles of each step (aot.depth_cost); elsewhere they are NaN.
@@ -95,6 +98,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=RL_SEQ_30B,
         rl_micro_batches=1, rollout_rows=8, prompt_len=2048,
         cache_len=RL_SEQ_30B + 1))
+    # Its prefill needed 16.25 MB of scoped VMEM against the 16 MB default
+    # (2026-12-01); MaxText's MoE runs raise the limit so.
+    c.tpu_compiler_options = ml_collections.ConfigDict(dict(
+        xla_tpu_scoped_vmem_limit_kib=65536))
   elif arg == 'small_hybrid':
     # The hybrid main job's model on 8 fake devices (the test size).
     c.platform = 'cpu'

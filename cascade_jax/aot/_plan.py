@@ -24,6 +24,7 @@ temporaries or FLOPs (see the facts in the README's table).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -31,6 +32,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -288,8 +290,28 @@ def _compile(step: str, cfg, ctx, opt, shapes):
   state = args[0] if step in ('sft', 'grpo', 'mopd') else args[1]
   # Traced with the mesh's first device as the default: the ops pick their
   # kernels by its platform (a TPU topology's: splash, tokamax).
-  with jax.default_device(ctx.mesh.devices.flat[0]):
-    return fn.lower(*args, **kw).compile(), tokens, per_device_bytes(state)
+  dev = ctx.mesh.devices.flat[0]
+  opts = dict(_TPU_OPTIONS) if dev.platform == 'tpu' else {}
+  with jax.default_device(dev):
+    return (fn.lower(*args, **kw).compile(compiler_options=opts or None),
+            tokens, per_device_bytes(state))
+
+
+# XLA options for the TPU compiles of one `run` (a config's
+# `tpu_compiler_options`, e.g. MaxText's xla_tpu_scoped_vmem_limit_kib).
+_TPU_OPTIONS: dict = {}
+
+
+@contextlib.contextmanager
+def _tpu_options(options: Mapping[str, Any]):
+  before = dict(_TPU_OPTIONS)
+  _TPU_OPTIONS.clear()
+  _TPU_OPTIONS.update(options)
+  try:
+    yield
+  finally:
+    _TPU_OPTIONS.clear()
+    _TPU_OPTIONS.update(before)
 
 
 def depth_cost(step: str, cfg, ctx, opt, shapes) -> tuple[float, float]:
@@ -398,7 +420,9 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
   """
   # Strict (the default here): a kernel that would fall back at a planned
   # shape is an error naming the op, the shape and why, not a quiet XLA op.
-  with ops.strict_mode(config.get('ops_strict', True)):
+  options = (config.tpu_compiler_options.to_dict()
+             if config.get('tpu_compiler_options') else {})
+  with ops.strict_mode(config.get('ops_strict', True)), _tpu_options(options):
     return _run(config, progress, on_step)
 
 
