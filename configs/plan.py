@@ -84,6 +84,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.shapes.update(dict(rl_batch=0, rl_rows_per_micro=1))
     c.variants = ml_collections.ConfigDict({
         '2048 rollouts': dict(rl_batch=2048, rl_rows_per_micro=1)})
+  elif arg == 'qwen3_30b_a3b_fsdp_expert':
+    # The non-expert weights (attention, norms, embeddings) sharded over the
+    # expert axis too, not replicated across it: `embed` -> fsdp x expert
+    # (an expert weight keeps expert for its expert axis, fsdp for embed).
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.only, c.cost_meshes = 'sft,grpo', 'v5p-64,v5p-256', 'none'
+    c.rules.embed = 'fsdp,expert'
   elif arg == 'nemotron3_nano_30b_a3b':
     # The paper's base model: 23 Mamba-2, 23 MoE, 6 attention layers. Its
     # pattern has no repeating unit, so the layers run unrolled (scanning
@@ -132,6 +139,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
-                     'qwen3_30b_a3b_recipe_batch, '
+                     'qwen3_30b_a3b_recipe_batch, qwen3_30b_a3b_fsdp_expert, '
                      'nemotron3_nano_30b_a3b, small, small_hybrid)')
   return c

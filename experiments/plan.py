@@ -69,8 +69,10 @@ _LEGEND = (
     'temporaries - donated. TFLOP and HBM GB moved: cost_analysis of the '
     'step compiled unrolled at 1 and 2 repeats of the layer unit, '
     'extrapolated to the depth (XLA counts a scanned loop body once); TFLOP '
-    '(counted): 2 x active weights x tokens per forward (x3 training, x4 '
-    'with full remat; attention scores not counted). Times: max(TFLOP / '
+    '(counted): 2 x active weights x tokens per forward, plus attention '
+    '(4 x heads x head_dim x mean keys seen, per token and attention '
+    'layer; x3 training, x4 with full remat; Mamba scans not counted). '
+    'Times: max(TFLOP / '
     'peak, bytes / HBM bandwidth), communication not counted; "(counted)": '
     'the counted TFLOP and the arguments read once (a lower bound).')
 

@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from cascade_jax import aot
 from cascade_jax import checkpoint
@@ -198,6 +199,31 @@ def test_plan_compiles_the_grpo_update_in_micro_batches():
   c.variants = ml_collections.ConfigDict({'x': dict(rl_micro=2)})
   with pytest.raises(ValueError, match="variant 'x' sets \\['rl_micro'\\]"):
     aot.run(c, progress=lambda s: None)
+
+
+def test_counted_flops_include_attention():
+  cfg = aot.model_config(plan_config.get_config('qwen3_30b_a3b'))
+  shapes = plan_config.get_config('qwen3_30b_a3b').shapes.to_dict()
+  ctx = aot.attention_context('grpo', shapes)
+  assert ctx == (2048 + 8192 - 1) / 2
+  weights = aot.model_flops('grpo', cfg, 10239)
+  per_token = 4 * cfg.num_heads * cfg.head_dim * ctx * 48 * 4   # x4: remat
+  assert aot.model_flops('grpo', cfg, 10239, ctx) == pytest.approx(
+      weights + per_token * 10239)
+  # At the recipe's length attention is no rounding error: ~2/3 of the
+  # weights' FLOPs for Qwen3-30B-A3B (32 heads x 128, 48 layers).
+  assert 0.5 < per_token * 10239 / weights < 0.8
+  assert aot.attention_context('decode', shapes) == shapes['cache_len']
+
+
+def test_a_rule_shards_non_expert_weights_over_the_expert_axis():
+  c = plan_config.get_config('qwen3_30b_a3b_fsdp_expert')
+  mesh = sharding.make_mesh(dict(fsdp=2, expert=4))
+  ctx = sharding.ShardingCtx(mesh, sharding.rules_from_config(c.rules.to_dict()))
+  assert ctx.spec(('embed', 'heads', 'head_dim')) == P(('fsdp', 'expert'), None, None)
+  assert ctx.spec(('exp', 'embed', 'mlp')) == P('expert', 'fsdp', None)
+  default = sharding.ShardingCtx(mesh)
+  assert default.spec(('embed', 'heads', 'head_dim')) == P('fsdp', None, None)
 
 
 def test_plan_splits_the_recipes_rl_batch_over_a_mesh():

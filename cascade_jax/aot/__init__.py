@@ -2,6 +2,7 @@
 
 from cascade_jax.aot._plan import ACCELERATORS
 from cascade_jax.aot._plan import abstract_train_state
+from cascade_jax.aot._plan import attention_context
 from cascade_jax.aot._plan import compile_step
 from cascade_jax.aot._plan import devices
 from cascade_jax.aot._plan import from_results

@@ -368,7 +368,8 @@ def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
       alias_bytes=int(mem.alias_size_in_bytes), flops=flops,
       bytes_accessed=nbytes, compile_s=dt,
       state_bytes=state_bytes,
-      model_flops=model_flops(step, cfg, tokens) / n)
+      model_flops=model_flops(step, cfg, tokens,
+                              attention_context(step, shapes)) / n)
 
 
 def _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name, error,
@@ -389,20 +390,35 @@ def _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name, error,
       output_bytes=0, temp_bytes=int(temp) if temp == temp else 0,
       alias_bytes=0, flops=math.nan, bytes_accessed=math.nan,
       compile_s=seconds, state_bytes=per_device_bytes(state),
-      model_flops=model_flops(step, cfg, tokens) / ctx.mesh.size,
+      model_flops=model_flops(step, cfg, tokens,
+                              attention_context(step, shapes)) / ctx.mesh.size,
       note=(first.group(0).strip() if first else line)[:300],
       error=error[max(start, 0):])
 
 
-def model_flops(step: str, cfg, tokens: int) -> float:
-  """2 x active weights (input embedding excluded) x tokens a forward; a
-  training step's backward twice that, plus a forward again under full
-  remat. Attention's score FLOPs are not counted."""
+def model_flops(step: str, cfg, tokens: int, context: float = 0.0) -> float:
+  """Counted FLOPs of a step: 2 x active weights (input embedding excluded)
+  x tokens a forward, plus attention's scores and weighted values, 4 x heads
+  x head_dim x `context` (the keys a query sees on average) per token and
+  attention layer; a training step's backward twice the forward, plus a
+  forward again under full remat. Mamba-2's scan is not counted."""
   pc = model_lib.count_params(cfg)
   per_token = 2 * (pc.active - pc.embedding)
+  per_token += (4 * cfg.num_heads * cfg.head_dim * context *
+                cfg.pattern.count(model_lib.ATTENTION))
   if step in ('prefill', 'decode'):
     return per_token * tokens
   return per_token * tokens * (4 if cfg.remat == 'full' else 3)
+
+
+def attention_context(step: str, shapes: Mapping[str, int]) -> float:
+  """The keys a query sees on average in `step` (causal rows: half the row;
+  a decode step: the whole cache, an upper bound)."""
+  return {'sft': shapes.get('sft_seq', 0) / 2,
+          'grpo': shapes.get('rl_seq', 0) / 2,
+          'mopd': shapes.get('rl_seq', 0) / 2,
+          'prefill': shapes.get('prompt_len', 0) / 2,
+          'decode': shapes.get('cache_len', 0)}[step]
 
 
 def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
