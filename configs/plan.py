@@ -56,7 +56,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # bf16 compute over fp32 master weights (Adam's moments fp32 too).
     c.model = ml_collections.ConfigDict(dict(
         preset='qwen3_30b_a3b', overrides=ml_collections.ConfigDict(dict(
-            param_dtype='float32', dtype='bfloat16'))))
+            param_dtype='float32', dtype='bfloat16',
+            # The expert-parallel receive buffer, x the mean load (0: the
+            # worst case, ep x tokens x top-k rows, as before 2026-12-02).
+            moe=dict(ragged_buffer_factor=2.0)))))
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
     # Per device the shapes are the same on every mesh: one mesh's costs
