@@ -153,8 +153,12 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
   assert sft.state_bytes < 12 * n / 3
   assert decode.state_bytes < sft.state_bytes / 2      # no optimizer state
   # Cost at the model's depth (two repeats of '*E', scanned): at least the
-  # counted matmul FLOPs, and a training step costs more than a decode.
-  assert sft.flops >= sft.model_flops > 0
+  # counted FLOPs of the weights' matmuls, and a training step costs more
+  # than a decode. The counted figure adds attention's (an estimate: half
+  # of each causal row; at this toy size it comes to 2 % above XLA's
+  # count, which does not recompute everything under remat).
+  weights = aot.model_flops('sft', aot.model_config(c), sft.tokens) / 8
+  assert sft.flops >= weights > 0 and sft.model_flops > weights
   assert decode.flops > 0 and sft.flops > 100 * decode.flops
   assert sft.fits('v5p') and sft.fits('h200')
   header, rows = aot.table(costs)
