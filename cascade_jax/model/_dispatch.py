@@ -211,11 +211,8 @@ def _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
                           expert_axes=expert_axes, tensor_axes=tensor_axes,
                           emulated=emulated, rows=rows)
   if rows >= ep * n * k:
-    return one(x_nd, idx_nk, w_nk)[0], jnp.zeros((), bool)
-  e_loc = ws[0].shape[0]
-  send = jnp.bincount(idx_nk.reshape(-1) // e_loc, length=ep)
-  gather_axis = expert_axes if len(expert_axes) > 1 else expert_axes[0]
-  sizes = jax.lax.all_gather(send, gather_axis, axis=0, tiled=False)
+    return one(x_nd, idx_nk, w_nk), jnp.zeros((), bool)
+  sizes = _send_matrix(idx_nk, ws[0].shape[0], expert_axes)
   overflow = jnp.max(jnp.sum(sizes, axis=0)) > rows   # the same on every shard
   chunks = overflow_chunks(n, k, ep, rows)
 
@@ -224,20 +221,29 @@ def _ragged_all_to_all(x_nd, idx_nk, w_nk, ws, act, expert_axes, tensor_axes,
     pad = lambda v: jnp.pad(v, ((0, chunks * m - n),) + ((0, 0),) * (v.ndim - 1))
     xs, idx, w = (pad(v).reshape(chunks, m, *v.shape[1:])
                   for v in (x_nd, idx_nk, w_nk))
-    body = jax.checkpoint(lambda c: one(*c)[0])
+    body = jax.checkpoint(lambda c: one(*c))
     return jax.lax.map(body, (xs, idx, w)).reshape(chunks * m, -1)[:n]
 
-  y = jax.lax.cond(overflow, chunked, lambda: one(x_nd, idx_nk, w_nk)[0])
+  y = jax.lax.cond(overflow, chunked,
+                   lambda: one(x_nd, idx_nk, w_nk, sizes=sizes))
   return y, overflow
 
 
+def _send_matrix(idx_nk, e_loc: int, expert_axes):
+  """[from, to] int32: the (token, choice) pairs each shard sends each shard."""
+  ep = _axis_size(expert_axes)
+  send = jnp.bincount(idx_nk.reshape(-1) // e_loc, length=ep).astype(jnp.int32)
+  gather_axis = expert_axes if len(expert_axes) > 1 else expert_axes[0]
+  return jax.lax.all_gather(send, gather_axis, axis=0, tiled=False)
+
+
 def _exchange_once(x_nd, idx_nk, w_nk, *, ws, act, expert_axes, tensor_axes,
-                   emulated, rows):
-  """One exchange with a receive buffer of `rows` (the caller knows it fits)."""
+                   emulated, rows, sizes=None):
+  """One exchange with a receive buffer of `rows` (the caller knows it fits);
+  `sizes`: the `_send_matrix` of these pairs, if the caller has it."""
   n, k = idx_nk.shape
   d = x_nd.shape[-1]
   e_loc = ws[0].shape[0]
-  ep = _axis_size(expert_axes)
   a = n * k
   exchange = functools.partial(ops.ragged_all_to_all, axes=expert_axes,
                                emulated=emulated)
@@ -246,11 +252,11 @@ def _exchange_once(x_nd, idx_nk, w_nk, *, ws, act, expert_axes, tensor_axes,
   rank = jnp.zeros((a,), jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))
   xs = _gather_rows(x_nd, order // k, rank.reshape(n, k))
   e_sorted = e_flat[order]
-  send = jnp.bincount(e_flat // e_loc, length=ep).astype(jnp.int32)
-  in_off = jnp.cumsum(send) - send
-  gather_axis = expert_axes if len(expert_axes) > 1 else expert_axes[0]
-  sizes = jax.lax.all_gather(send, gather_axis, axis=0, tiled=False)  # [from, to]
+  if sizes is None:
+    sizes = _send_matrix(idx_nk, e_loc, expert_axes)
   me = ops.axis_index(expert_axes)
+  send = sizes[me]
+  in_off = jnp.cumsum(send) - send
   recv = sizes[:, me]
   out_off = (jnp.cumsum(sizes, axis=0) - sizes)[me]   # after earlier senders
   x_recv = exchange(xs, jnp.zeros((rows, d), xs.dtype), in_off, send, out_off,
@@ -274,7 +280,7 @@ def _exchange_once(x_nd, idx_nk, w_nk, *, ws, act, expert_axes, tensor_axes,
   ys = exchange(y_recv, jnp.zeros((a, d), y_recv.dtype), back_in, recv,
                 back_out, send)
   y_ad = _gather_rows(ys, rank, order[:, None])
-  return _combine(y_ad.reshape(n, k, -1), w_nk), sizes
+  return _combine(y_ad.reshape(n, k, -1), w_nk)
 
 
 # --------------------------------------------------------------- capacity
