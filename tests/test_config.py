@@ -45,7 +45,7 @@ def test_mamba_layers_build():
                               num_groups=2, chunk_size=4))
   from flax import nnx
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  assert m.blocks[0].kind == 'M'
+  assert m.layer(0).kind == 'M' and m.layers[0].unit == 'M*E'
 
 
 def test_unknown_preset():

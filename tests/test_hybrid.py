@@ -276,10 +276,11 @@ def test_sharded_forward_and_grads_equal_single_device(mesh_name):
   tensor = MESHES[mesh_name].get('tensor', 1)
   if tensor > 1:  # Mamba heads split over `tensor`; groups only where they divide
     spec = lambda v: v.sharding.spec
-    layer = params['blocks'][0]['mixer']
-    assert spec(layer['w_x_dhp'])[1] == 'tensor'
+    # The first group's first position: Mamba, stacked [repeats, ...].
+    layer = params['layers'][0]['blocks'][0]['mixer']
+    assert spec(layer['w_x_dhp'])[:3] == (None, None, 'tensor')
     want_groups = 'tensor' if cfg.mamba.num_groups % tensor == 0 else None
-    assert spec(layer['w_b_dgn'])[1] == want_groups
+    assert spec(layer['w_b_dgn'])[2] == want_groups
 
 
 @pytest.mark.slow

@@ -46,11 +46,19 @@ def _plain():
   return _loss_and_grads(_main_job_cfg(), _tokens())
 
 
-def test_scan_unit_of_patterns():
-  assert _main_job_cfg().scan_unit == '*E'
-  assert model.qwen3_30b_a3b().scan_unit == '*E'
-  assert model.tiny().scan_unit == '*E*-'     # no repeat: nothing to scan
-  assert model.tiny(pattern='EEEE').scan_unit == 'E'
+def test_layer_groups_of_patterns():
+  cfg = _main_job_cfg()
+  assert cfg.layer_groups == (('*E', cfg.num_layers // 2),)
+  assert model.qwen3_30b_a3b().layer_groups == (('*E', 48),)
+  assert model.tiny().layer_groups == (('*E*-', 1),)  # no repeat: no scan
+  assert model.tiny(pattern='EEEE').layer_groups == (('E', 4),)
+  # Nemotron-3-Nano: 35 of 52 layers are 5 x MEMEM*E, the rest run unrolled.
+  assert model.nemotron3_nano_30b_a3b().layer_groups == (
+      ('MEMEM*E', 5), ('MEMEMEM*EMEMEMEME', 1))
+  assert model.tiny(pattern='*E*E*-').layer_groups == (('*E', 2), ('*-', 1))
+  slots = model.tiny(pattern='*E*E*-').layer_slots
+  assert slots == ((0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1), (1, 0, 0),
+                   (1, 1, 0))
   with pytest.raises(ValueError, match='remat'):
     model.tiny(remat='some')
   with pytest.raises(ValueError, match='logits_chunk'):
@@ -252,4 +260,5 @@ def test_memory_settings_change_no_checkpoint_layout():
       rngs=nnx.Rngs(0)))
   assert jax.tree.structure(a.to_pure_dict()) == jax.tree.structure(
       b.to_pure_dict())
-  assert dataclasses.replace(_main_job_cfg(), scan_layers=True).scan_unit == '*E'
+  assert dataclasses.replace(_main_job_cfg(), scan_layers=True
+                             ).layer_groups == _main_job_cfg().layer_groups

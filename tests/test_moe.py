@@ -202,9 +202,9 @@ def test_replay_capacity_by_hand_and_never_drops():
   # replaying it at that capacity drops nothing.
   cfg = model.small(vocab_size=64)
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  for i, layer in enumerate(m.moe_layers()):
-    layer.expert_bias[...] = jnp.asarray(
-        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  m.set_expert_biases(np.stack([
+      np.random.RandomState(i).uniform(-0.1, 0.1, 8)
+      for i in range(m.cfg.pattern.count('E'))]))
   toks = jax.random.randint(jax.random.key(0), (8, 24), 0, 64)
   _, info = m(toks)
   assert float(info['router']['dropped'].max()) > 0   # capacity 1.25 drops
@@ -250,11 +250,11 @@ def test_expert_bias_is_outside_the_optimizer_and_balances_load():
       num_experts=4, top_k=1, expert_dim=8, score_fn='sigmoid',
       use_expert_bias=True, dispatch='dense'))
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
-  moe = m.moe_layers()[0]
+  moe = m.layers[0].blocks[0].mixer   # the one MoE layer, stacked [1, ...]
   # Skew the router so expert 0 wins most tokens: give every embedding a
   # shared positive direction and point expert 0's router column along it.
   m.embed_vd[...] = m.embed_vd[...] + 0.5
-  moe.router_de[...] = moe.router_de[...].at[:, 0].add(0.5)
+  moe.router_de[...] = moe.router_de[...].at[:, :, 0].add(0.5)
   assert not any(isinstance(v, _moe.ExpertBias)
                  for v in jax.tree.leaves(nnx.state(m, nnx.Param),
                                           is_leaf=lambda x: isinstance(
@@ -272,7 +272,7 @@ def test_expert_bias_is_outside_the_optimizer_and_balances_load():
     last = step(m, toks)
   assert float(first.max()) > 0.5
   assert float(last.max()) < float(first.max()) - 0.2
-  bias = moe.expert_bias[...]
+  bias = m.expert_biases()[0]
   assert float(bias[0]) < 0  # the over-loaded expert was pushed down
 
 

@@ -50,9 +50,9 @@ def test_exact_scores_do_not_depend_on_the_batch(tok):
   # would depend on the other responses. Scoring runs exact.
   backbone = model.Transformer(model.small(vocab_size=tok.vocab_size),
                                rngs=nnx.Rngs(0))
-  for i, layer in enumerate(backbone.moe_layers()):
-    layer.expert_bias[...] = jnp.asarray(
-        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  backbone.set_expert_biases(np.stack([
+      np.random.RandomState(i).uniform(-0.1, 0.1, 8)
+      for i in range(backbone.cfg.pattern.count('E'))]))
   rm = reward_model.RewardModel(backbone, rngs=nnx.Rngs(1))
   words = ['cats are soft and quiet.', 'rain is wet.', 'stupid question.']
   resp = [' '.join(words[(i + j) % 3] for j in range(1 + i % 4))

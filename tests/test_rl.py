@@ -65,9 +65,9 @@ def _main_job_policy(tok, seed=0):
   assert (cfg.moe.dispatch, cfg.moe.score_fn, cfg.moe.num_shared_experts,
           cfg.moe.use_expert_bias) == ('capacity', 'sigmoid', 1, True)
   m = model.Transformer(cfg, rngs=nnx.Rngs(seed))
-  for i, layer in enumerate(m.moe_layers()):
-    layer.expert_bias[...] = jnp.asarray(
-        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  m.set_expert_biases(np.stack([
+      np.random.RandomState(i).uniform(-0.1, 0.1, 8)
+      for i in range(m.cfg.pattern.count('E'))]))
   opt = train.make_optimizer(train.OptimConfig(
       lr=1e-3, warmup_steps=1, schedule='constant', weight_decay=0.0))
   return (cfg, opt) + train.init_state(m, opt)

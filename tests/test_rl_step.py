@@ -49,9 +49,9 @@ def _policy(tok, seed=0):
   assert (cfg.moe.dispatch, cfg.dtype, cfg.moe.use_expert_bias) == (
       'capacity', 'float32', True)
   m = model.Transformer(cfg, rngs=nnx.Rngs(seed))
-  for i, layer in enumerate(m.moe_layers()):
-    layer.expert_bias[...] = jnp.asarray(
-        np.random.RandomState(i).uniform(-0.1, 0.1, 8), jnp.float32)
+  m.set_expert_biases(np.stack([
+      np.random.RandomState(i).uniform(-0.1, 0.1, 8)
+      for i in range(m.cfg.pattern.count('E'))]))
   m.embed_vd.value = m.embed_vd.value.at[:, 0].set(30.0)
   m.head_dv.value = m.head_dv.value.at[0, :].set(0.0).at[0, tok.im_end].set(
       0.45)

@@ -190,12 +190,14 @@ def test_parameters_carry_expected_shardings(mesh_name, want):
   ctx = sharding.ShardingCtx(sharding.make_mesh(MESHES[mesh_name]))
   m = sharding.shard_model(
       model.Transformer(_cfg('capacity'), rngs=nnx.Rngs(0), ctx=ctx), ctx)
-  moe = m.blocks[1].mixer
-  assert moe.w_gate_edf[...].sharding.spec == want['experts']
-  assert m.blocks[0].mixer.w_q_dnh[...].sharding.spec == want['wq']
+  # Layers are stacked per unit position: a leading 'layers' axis, unsharded.
+  moe = m.layers[0].blocks[1].mixer
+  assert moe.w_gate_edf[...].sharding.spec == P(None, *want['experts'])
+  assert m.layers[0].blocks[0].mixer.w_q_dnh[...].sharding.spec == P(
+      None, *want['wq'])
   assert m.embed_vd[...].sharding.spec == want['embed']
-  assert moe.expert_bias[...].sharding.spec == P(None)
-  assert moe.router_de[...].sharding.spec[1] is None  # router: every expert
+  assert moe.expert_bias[...].sharding.spec == P(None, None)
+  assert moe.router_de[...].sharding.spec[2] is None  # router: every expert
 
 
 def test_indivisible_dimension_stays_replicated():

@@ -323,12 +323,12 @@ def depth_cost(step: str, cfg, ctx, opt, shapes) -> tuple[float, float]:
   extrapolated linearly to the model's repeats (the embedding, head, loss
   and optimizer are the intercept, each unit the slope).
   """
-  unit = cfg.scan_unit
-  repeats = cfg.num_layers // len(unit)
+  unit, repeats = cfg.layer_groups[0]
+  rest = cfg.pattern[len(unit) * repeats:]     # the unrolled layers after it
   if repeats == 1:
     return _cost(_compile(step, cfg.replace(scan_layers=False), ctx, opt,
                           shapes)[0])
-  costs = [_cost(_compile(step, cfg.replace(pattern=unit * r,
+  costs = [_cost(_compile(step, cfg.replace(pattern=unit * r + rest,
                                             scan_layers=False),
                           ctx, opt, shapes)[0]) for r in (1, 2)]
   return tuple(a + (b - a) * (repeats - 1) for a, b in zip(*costs))
@@ -352,9 +352,9 @@ def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
                           str(e), time.perf_counter() - t0)
   dt = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  if len(cfg.scan_unit) == cfg.num_layers or not cfg.scan_layers:
-    # Unrolled already (a pattern with no repeating unit, such as
-    # Nemotron-H's, or scanning off): the compiled figures are the full depth.
+  if cfg.layer_groups[0][1] == 1 or not cfg.scan_layers:
+    # Unrolled already (a pattern with no repeated prefix, or scanning
+    # off): the compiled figures are the full depth.
     flops, nbytes = _cost(compiled)
   elif with_cost:
     flops, nbytes = depth_cost(step, cfg, ctx, opt, shapes)

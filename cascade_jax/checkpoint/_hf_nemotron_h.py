@@ -256,13 +256,17 @@ def load_hf_nemotron_h(path: str, *, dtype: str = 'float32',
     raise ValueError(f'{path}: {len(unused)} tensors do not fit the model, '
                      f'e.g. {unused[:5]}')
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx))
+  # Layer by layer into views of the stacked weights, stacked back at the end.
+  views = model.layer_views()
   for ours, value in arrays.items():
-    var = _variable(model, ours)
+    var = (_variable(views[ours[1]], ours[2:]) if ours[0] == 'blocks' else
+           _variable(model, ours))
     if value.shape != var.shape:
       raise ValueError(f'{path}: {".".join(map(str, ours))} gets shape '
                        f'{value.shape} from the checkpoint, the model expects '
                        f'{var.shape}')
     var.set_value(jnp.asarray(value, dtype=var.dtype))
+  model.set_layers(views)
   return cfg, (model if ctx is None else shard_model(model, ctx))
 
 
@@ -322,7 +326,7 @@ def save_hf_nemotron_h(cfg: ModelConfig, model: Transformer, path: str) -> None:
   t['lm_head.weight'] = (f32(model.embed_vd) if cfg.tie_embeddings else
                          f32(model.head_dv).T)
   out_in = lambda w: w.reshape(w.shape[0], -1).T        # ours [in, *out] -> torch
-  for i, blk in enumerate(model.blocks):
+  for i, blk in enumerate(model.layer_views()):
     p = f'backbone.layers.{i}.'
     t[p + 'norm.weight'] = f32(blk.norm.scale)
     x = blk.mixer

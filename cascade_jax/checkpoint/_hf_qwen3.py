@@ -80,15 +80,19 @@ def _read_safetensors(path: str) -> dict[str, np.ndarray]:
   return out
 
 
-def _weight_map(cfg: ModelConfig, model: Transformer):
-  """(hf key, our variable, hf -> ours array transform) for every weight."""
+def _weight_map(cfg: ModelConfig, model: Transformer, layers: list):
+  """(hf key, our variable, hf -> ours array transform) for every weight.
+
+  `layers`: `model.layer_views()` (the per-layer Blocks the layer weights
+  are read from or written into).
+  """
   d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   entries = [('model.embed_tokens.weight', model.embed_vd, lambda w: w),
              ('model.norm.weight', model.final_norm.scale, lambda w: w)]
   if not cfg.tie_embeddings:
     entries.append(('lm_head.weight', model.head_dv, lambda w: w.T))
   for i in range(cfg.num_layers // 2):
-    attn, ffn = model.blocks[2 * i], model.blocks[2 * i + 1]
+    attn, ffn = layers[2 * i], layers[2 * i + 1]
     p = f'model.layers.{i}.'
     a = attn.mixer
     entries += [
@@ -131,7 +135,8 @@ def load_hf_qwen3_moe(path: str, *, dtype: str = 'float32',
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx))
   used = set()
   missing = []
-  for key, var, to_ours in _weight_map(cfg, model):
+  views = model.layer_views()
+  for key, var, to_ours in _weight_map(cfg, model, views):
     keys = key if isinstance(key, list) else [key]
     absent = [k_ for k_ in keys if k_ not in tensors]
     if absent:
@@ -156,6 +161,7 @@ def load_hf_qwen3_moe(path: str, *, dtype: str = 'float32',
   if unused:
     raise ValueError(f'{path}: {len(unused)} tensors do not fit the model, '
                      f'e.g. {unused[:5]}')
+  model.set_layers(views)
   return cfg, (model if ctx is None else shard_model(model, ctx))
 
 
@@ -205,7 +211,7 @@ def save_hf_qwen3_moe(cfg: ModelConfig, model: Transformer, path: str) -> None:
   with open(os.path.join(path, 'config.json'), 'w') as f:
     json.dump(hf, f, indent=2)
   tensors = {}
-  for key, var, _ in _weight_map(cfg, model):
+  for key, var, _ in _weight_map(cfg, model, model.layer_views()):
     w = np.asarray(var[...], dtype=np.float32)
     if isinstance(key, list):  # stacked experts [E, in, out] -> E x [out, in]
       for k_, w_e in zip(key, w):

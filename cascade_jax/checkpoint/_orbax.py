@@ -9,6 +9,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from cascade_jax.checkpoint._layout import is_per_layer
+
 
 def _key(entry) -> str:
   for attr in ('key', 'idx', 'name'):
@@ -79,6 +81,13 @@ class Checkpointer:
       raise FileNotFoundError(f'no checkpoint in {self.directory}')
     saved = _shapes(self._mngr.item_metadata(step)['state'])
     want = _shapes(state_like)
+    if is_per_layer(saved) and not is_per_layer(want):
+      run = os.path.dirname(self.directory)
+      raise ValueError(
+          f'checkpoint {self.directory} step {step} stores one module per '
+          'layer (blocks/<i>/...), written before the layers were stacked '
+          '(layers/<g>/blocks/<j>/...). Convert the run once with: python -m '
+          f'experiments.convert_checkpoint --run_dir={run}')
     problems = [f'{k}: checkpoint {saved[k]} vs model {want[k]}'
                 for k in want if k in saved and saved[k] != want[k]]
     problems += [f'{k}: missing from the checkpoint' for k in want

@@ -119,8 +119,8 @@ class ModelConfig:
   dtype: str = 'float32'           # activations
   param_dtype: str = 'float32'
   # How the model computes, not what it is (checkpoints do not depend on
-  # these): the repeating unit of `pattern` run under one `lax.scan`
-  # (compile time independent of depth), each block's (or scanned unit's)
+  # these): each of `layer_groups` that repeats run as one `lax.scan` over
+  # its stacked weights (compile time independent of depth), each block's (or scanned unit's)
   # rematerialisation policy, and the output head's logits computed this
   # many positions at a time by the losses (0: all at once).
   scan_layers: bool = False
@@ -159,13 +159,35 @@ class ModelConfig:
            f'must be >= 0 (0: no chunking), got {self.logits_chunk}')
 
   @property
-  def scan_unit(self) -> str:
-    """The shortest string whose repeats make `pattern` ('*E' for '*E' * 48)."""
+  def layer_groups(self) -> tuple[tuple[str, int], ...]:
+    """The layers as (unit, repeats) groups, in order: how they are stored and scanned.
+
+    The first group is the prefix of `pattern` that the most layers repeat
+    (at least twice, the shortest such unit on a tie): '*E' x 48 for Qwen3,
+    'MEMEM*E' x 5 for Nemotron-3-Nano's first 35 of 52 layers. What follows
+    is one group repeated once (stored with a leading axis of 1, unrolled).
+    A pattern with no repeated prefix is a single group repeated once.
+    """
     n = len(self.pattern)
-    for p in range(1, n + 1):
-      if n % p == 0 and self.pattern[:p] * (n // p) == self.pattern:
-        return self.pattern[:p]
-    return self.pattern
+    best, unit = 0, self.pattern
+    for p in range(1, n // 2 + 1):
+      r = 1
+      while self.pattern[r * p:(r + 1) * p] == self.pattern[:p]:
+        r += 1
+      if r >= 2 and p * r > best:
+        best, unit = p * r, self.pattern[:p]
+    if not best:
+      return ((self.pattern, 1),)
+    rest = self.pattern[best:]
+    return ((unit, best // len(unit)),) + (((rest, 1),) if rest else ())
+
+  @property
+  def layer_slots(self) -> tuple[tuple[int, int, int], ...]:
+    """(group, position in its unit, repeat) of every layer, in pattern order."""
+    out = []
+    for g, (unit, r) in enumerate(self.layer_groups):
+      out += [(g, j, k) for k in range(r) for j in range(len(unit))]
+    return tuple(out)
 
   @property
   def num_layers(self) -> int:

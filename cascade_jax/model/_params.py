@@ -49,7 +49,7 @@ def count_params(cfg: ModelConfig) -> ParamCount:
     n = math.prod(v.shape)
     total += n
     axes = v.get_metadata()['logical_axes']
-    if axes and axes[0] == 'exp':
+    if 'exp' in axes:
       active += n * cfg.moe.top_k // cfg.moe.num_experts
     else:
       active += n

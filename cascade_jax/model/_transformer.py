@@ -106,6 +106,56 @@ class Block(nnx.Module):
       raise ValueError(f'pattern: unknown layer letter {kind!r}')
 
 
+def _stacked(var: nnx.Variable, *others: nnx.Variable) -> nnx.Variable:
+  """`var` with the values of `var, *others` stacked on a new 'layers' axis."""
+  axes = ('layers',) + tuple(var.get_metadata()['logical_axes'])
+  return var.replace(jnp.stack([v[...] for v in (var,) + others]),
+                     logical_axes=axes)
+
+
+def _sliced(var: nnx.Variable, k: int) -> nnx.Variable:
+  """`var`'s layer `k` (dropping the 'layers' axis); shapes stay shapes."""
+  axes = tuple(var.get_metadata()['logical_axes'])[1:]
+  value = var.get_value()
+  if isinstance(value, jax.ShapeDtypeStruct):
+    value = jax.ShapeDtypeStruct(value.shape[1:], value.dtype)
+  else:
+    value = value[k]
+  return var.replace(value, logical_axes=axes)
+
+
+_is_var = lambda x: isinstance(x, nnx.Variable)
+
+
+class Stack(nnx.Module):
+  """`repeats` repeats of a unit of layers (MaxText's scanned layout).
+
+  `blocks[j]` is the unit's j-th layer kind as one Block whose variables
+  have a leading 'layers' axis of size `repeats`: a `lax.scan` runs over
+  them as they are stored, with nothing re-stacked per step.
+  """
+
+  def __init__(self, unit: str, per_layer: list[Block]):
+    p = len(unit)
+    self.unit = unit
+    self.repeats = len(per_layer) // p
+    self.blocks = nnx.List([
+        self._stack(per_layer[j::p]) for j in range(p)])
+
+  @staticmethod
+  def _stack(blocks: list[Block]) -> Block:
+    graph, state = nnx.split(blocks[0])
+    states = [nnx.state(b) for b in blocks[1:]]
+    return nnx.merge(graph, jax.tree.map(_stacked, state, *states,
+                                         is_leaf=_is_var))
+
+  def layer(self, j: int, k: int) -> Block:
+    """Position `j`, repeat `k` as a Block of its own (a view: reads only)."""
+    graph, state = nnx.split(self.blocks[j])
+    return nnx.merge(graph, jax.tree.map(lambda v: _sliced(v, k), state,
+                                         is_leaf=_is_var))
+
+
 class Transformer(nnx.Module):
   """Decoder-only LM over a layer pattern such as '*E*E' (Qwen3-MoE) or 'MEM*E' (Nemotron-H)."""
 
@@ -117,8 +167,16 @@ class Transformer(nnx.Module):
     d, v = cfg.embed_dim, cfg.vocab_size
     self.embed_vd = param(rngs, (v, d), ('vocab', 'embed'), std=d ** -0.5,
                           dtype=pdt)
-    self.blocks = nnx.List([Block(kind, cfg, rngs=rngs, ctx=ctx)
-                            for kind in cfg.pattern])
+    # Built a layer at a time in pattern order (the same random init as one
+    # module per layer), then stored stacked: `layers[g]` is group g of
+    # `cfg.layer_groups`, a Stack.
+    per_layer = [Block(kind, cfg, rngs=rngs, ctx=ctx) for kind in cfg.pattern]
+    self.layers = nnx.List()
+    first = 0
+    for unit, repeats in cfg.layer_groups:
+      n = len(unit) * repeats
+      self.layers.append(Stack(unit, per_layer[first:first + n]))
+      first += n
     self.final_norm = RMSNorm(d, eps=cfg.norm_eps, dtype=pdt)
     self.head_dv = (None if cfg.tie_embeddings else
                     param(rngs, (d, v), ('embed', 'vocab'), dtype=pdt))
@@ -179,10 +237,17 @@ class Transformer(nnx.Module):
     moe = (moe_dispatch, moe_capacity)
     # [B, T, L_moe, k] -> [L_moe, B, T, k]: the layers' order, scanned or not.
     replay = None if expert_idx is None else jnp.moveaxis(expert_idx, 2, 0)
-    if cfg.scan_layers and len(cfg.scan_unit) < cfg.num_layers:
-      x, routers = self._scanned_blocks(x, shared, moe, replay)
-    else:
-      x, routers = self._unrolled_blocks(x, shared, moe, replay)
+    routers, first = [], 0
+    for stack in self.layers:
+      m = stack.unit.count(MOE) * stack.repeats
+      rep = None if replay is None else replay[first:first + m]
+      run = (self._scanned if cfg.scan_layers and stack.repeats > 1 else
+             self._unrolled)
+      x, stats = run(stack, x, shared, moe, rep)
+      routers.append(stats)
+      first += m
+    routers = {k: jnp.concatenate([r[k] for r in routers])
+               for k in routers[0]} if first else {}
 
     x = self.final_norm(x)
     logits = self._head(x) if return_logits else None
@@ -198,47 +263,45 @@ class Transformer(nnx.Module):
 
   # ----------------------------------------------------------- the blocks
 
-  def _unrolled_blocks(self, x, shared, moe, expert_idx_lbtk):
-    """Every block in turn (each under the remat policy): (x, router stats)."""
-    routers, n_moe = [], 0
-    for blk in self.blocks:
-      replay = None
-      if blk.kind == MOE:
-        replay = None if expert_idx_lbtk is None else expert_idx_lbtk[n_moe]
-        n_moe += 1
-      graph, state = nnx.split(blk)
-      fn = functools.partial(_block_fn, graph, moe, self.ctx)
-      x, stats = _remat(self.cfg.remat, fn)(state, x, replay, shared)
-      if stats is not None:
-        routers.append(stats)
+  def _unrolled(self, stack, x, shared, moe, expert_idx_lbtk):
+    """A group's layers in turn (each under the remat policy): (x, router stats).
+
+    Each layer's weights are its slice of the stacked variables (a group
+    repeated once: the whole array, reshaped).
+    """
+    routers = []
+    graphs_states = [nnx.split(blk) for blk in stack.blocks]
+    for k in range(stack.repeats):
+      for j, (graph, state) in enumerate(graphs_states):
+        replay = None
+        if stack.unit[j] == MOE and expert_idx_lbtk is not None:
+          replay = expert_idx_lbtk[len(routers)]
+        layer = jax.tree.map(lambda a: a[k], state)
+        fn = functools.partial(_block_fn, graph, moe, self.ctx)
+        x, stats = _remat(self.cfg.remat, fn)(layer, x, replay, shared)
+        if stats is not None:
+          routers.append(stats)
     return x, _stack_stats(routers)
 
-  def _scanned_blocks(self, x, shared, moe, expert_idx_lbtk):
-    """The pattern's repeating unit under one `lax.scan` over its repeats.
+  def _scanned(self, stack, x, shared, moe, expert_idx_lbtk):
+    """A group's unit under one `lax.scan` over its repeats: (x, router stats).
 
-    The weights stay one module per layer (checkpoints, the sampler and the
-    Hugging Face mapping see the same tree either way); the scan stacks
-    each unit position's weights [repeats, ...] as its input, so the unit
-    compiles once however deep the model is.
+    The scan reads the stacked weights as they are stored: the unit
+    compiles once however deep the model is, and its gradient comes back
+    stacked the same way.
     """
-    cfg = self.cfg
-    p = len(cfg.scan_unit)
-    n = cfg.num_layers // p
-    graphs, stacked = [], []
-    for j in range(p):
-      graphs.append(nnx.graphdef(self.blocks[j]))
-      stacked.append(jax.tree.map(lambda *xs: jnp.stack(xs), *[
-          nnx.state(self.blocks[i * p + j]) for i in range(n)]))
-    m = cfg.scan_unit.count(MOE)
+    unit, n = stack.unit, stack.repeats
+    graphs, stacked = zip(*(nnx.split(blk) for blk in stack.blocks))
+    m = unit.count(MOE)
     replay = (None if expert_idx_lbtk is None else
               expert_idx_lbtk.reshape(n, m, *expert_idx_lbtk.shape[1:]))
 
-    def unit(x, xs):
+    def body(x, xs):
       states, replay_i = xs
       routers = []
-      for j in range(p):
+      for j, kind in enumerate(unit):
         r = None
-        if cfg.scan_unit[j] == MOE and replay_i is not None:
+        if kind == MOE and replay_i is not None:
           r = replay_i[len(routers)]
         x, stats = _block_fn(graphs[j], moe, self.ctx, states[j], x, r,
                              shared)
@@ -246,9 +309,38 @@ class Transformer(nnx.Module):
           routers.append(stats)
       return x, _stack_stats(routers)
 
-    x, routers = jax.lax.scan(_remat(cfg.remat, unit), x, (stacked, replay))
+    x, routers = jax.lax.scan(_remat(self.cfg.remat, body), x,
+                              (list(stacked), replay))
     # [repeats, MoE per unit, ...] -> [MoE layers, ...] in layer order.
     return x, {k: v.reshape(-1, *v.shape[2:]) for k, v in routers.items()}
+
+  # --------------------------------------------------- the layers one by one
+
+  def layer(self, i: int) -> Block:
+    """Layer `i` of the pattern as a Block of its own: a view of its slice
+    of the stacked weights, for reading (the sampler, exports)."""
+    g, j, k = self.cfg.layer_slots[i]
+    return self.layers[g].layer(j, k)
+
+  def layer_views(self) -> list[Block]:
+    """Every layer as `layer(i)`, in pattern order."""
+    return [self.layer(i) for i in range(self.cfg.num_layers)]
+
+  def set_layers(self, views: list[Block]) -> None:
+    """Stores one Block per layer (pattern order, `layer_views`' layout)
+    into the stacked weights, in place: how importers fill the model."""
+    if [v.kind for v in views] != list(self.cfg.pattern):
+      raise ValueError(f'set_layers: {len(views)} layers '
+                       f"{''.join(v.kind for v in views)!r} do not match the "
+                       f'pattern {self.cfg.pattern!r}')
+    first = 0
+    for stack in self.layers:
+      p = len(stack.unit)
+      mine = views[first:first + p * stack.repeats]
+      for j, blk in enumerate(stack.blocks):
+        states = [nnx.state(v) for v in mine[j::p]]
+        nnx.update(blk, jax.tree.map(_stacked, *states, is_leaf=_is_var))
+      first += p * stack.repeats
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] in the compute dtype."""
@@ -281,7 +373,34 @@ class Transformer(nnx.Module):
     return self.ctx.constrain(x_btd, ('batch', 'seq', None))
 
   def moe_layers(self) -> list[MoE]:
-    return [blk.mixer for blk in self.blocks if blk.kind == MOE]
+    """Every MoE layer's mixer, in order (views: for reading; write the
+    expert biases with `set_expert_biases`)."""
+    return [blk.mixer for blk in self.layer_views() if blk.kind == MOE]
+
+  def _moe_slots(self):
+    """(stacked MoE mixer, its layers' indices among the MoE layers)."""
+    order = [slot for slot, kind in zip(self.cfg.layer_slots, self.cfg.pattern)
+             if kind == MOE]
+    for g, stack in enumerate(self.layers):
+      for j, kind in enumerate(stack.unit):
+        if kind == MOE:
+          yield stack.blocks[j].mixer, [order.index((g, j, k))
+                                        for k in range(stack.repeats)]
+
+  def expert_biases(self) -> jax.Array:
+    """[L_moe, E]: every MoE layer's expert bias, in layer order."""
+    out = [None] * self.cfg.pattern.count(MOE)
+    for moe, idx in self._moe_slots():
+      for k, i in enumerate(idx):
+        out[i] = moe.expert_bias[k]
+    return jnp.stack(out)
+
+  def set_expert_biases(self, bias_le) -> None:
+    """Sets every MoE layer's expert bias from [L_moe, E] (in place)."""
+    bias_le = jnp.asarray(bias_le)
+    for moe, idx in self._moe_slots():
+      moe.expert_bias[...] = bias_le[jnp.asarray(idx)].astype(
+          moe.expert_bias.dtype)
 
   def update_expert_biases(self, load_le: jax.Array, rate: float) -> None:
     """Applies the aux-loss-free balancing step to every MoE layer (in place).
@@ -289,10 +408,10 @@ class Transformer(nnx.Module):
     `load_le` is info['router']['load'] from a forward pass; run this outside
     the optimizer, once per training step.
     """
-    for moe, load in zip(self.moe_layers(), load_le):
+    for moe, idx in self._moe_slots():
       if moe.expert_bias is not None:
-        moe.expert_bias[...] = update_expert_bias(moe.expert_bias[...], load,
-                                                  rate)
+        moe.expert_bias[...] = jax.vmap(update_expert_bias, (0, 0, None))(
+            moe.expert_bias[...], load_le[jnp.asarray(idx)], rate)
 
 
 def _block_fn(graph, moe, ctx, state, x, replay, shared):
@@ -358,6 +477,6 @@ def spilled_fraction(info) -> jax.Array:
   return jnp.mean(info['router']['spilled'])
 
 
-__all__ = ['ExpertBias', 'KVCache', 'Transformer', 'dropped_fraction',
+__all__ = ['ExpertBias', 'KVCache', 'Stack', 'Transformer', 'dropped_fraction',
            'spilled_fraction',
            'init_cache']

@@ -213,7 +213,7 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
     else:
       reset_bt = model_lib.mamba_resets(segment_ids_bt, cache.last_segment())
   new_k, new_v, experts, states = [], [], [], []
-  for blk in model.blocks:
+  for blk in model.layer_views():
     h = blk.norm(x)
     if blk.kind == model_lib.ATTENTION:
       a = len(new_k)

@@ -28,6 +28,7 @@ LOGICAL_AXES = (
     'ssm_heads',   # Mamba-2 heads
     'ssm_groups',  # Mamba-2 B / C groups (H / G heads each)
     'norm',      # norm scales and other small vectors
+    'layers',    # a Stack's repeats (the scanned axis): never sharded
 )
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
@@ -49,6 +50,7 @@ DEFAULT_RULES: Rules = (
     ('ssm_heads', 'tensor'),
     ('ssm_groups', 'tensor'),
     ('norm', None),
+    ('layers', None),
 )
 
 
