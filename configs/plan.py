@@ -96,8 +96,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rules.embed = 'fsdp,expert'
   elif arg == 'nemotron3_nano_30b_a3b':
     # The paper's base model: 23 Mamba-2, 23 MoE, 6 attention layers. Its
-    # pattern has no repeating unit, so the layers run unrolled (scanning
-    # needs one) and each compile counts the full depth's FLOPs itself.
+    # first 35 layers are 5 x MEMEM*E (scanned over their stacked weights),
+    # the other 17 run unrolled (ModelConfig.layer_groups).
     c.model = ml_collections.ConfigDict(dict(
         preset='nemotron3_nano_30b_a3b',
         overrides=ml_collections.ConfigDict(dict(

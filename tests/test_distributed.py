@@ -67,3 +67,8 @@ def test_two_processes_whose_verdicts_differ_collect_the_same_batch(tmp_path):
   np.testing.assert_array_equal(a['scored'], [4])   # its own half only
   np.testing.assert_array_equal(a['rm_rewards'], [0, 1] * 4)  # process 0's
   np.testing.assert_array_equal(b['rm_rewards'], a['rm_rewards'])
+  # Episodes (environment steps on every host): process 0's are everyone's.
+  for k in ('ep_rewards', 'ep_inputs', 'ep_filtered'):
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  np.testing.assert_array_equal(a['ep_rewards'], np.zeros_like(
+      a['ep_rewards']))

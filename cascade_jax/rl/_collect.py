@@ -226,7 +226,27 @@ def _sample_episodes(policy, tok, stream, recs, cfg: RLConfig, key,
   stats['turns'] += [e.turns for e in eps]
   stats['ends'] += [e.end for e in eps]
   batch = _batch.from_episodes(eps, ec.max_tokens - 1)
-  return batch, np.asarray([e.truncated for e in eps])
+  return _agreed(batch, np.asarray([e.truncated for e in eps]))
+
+
+def _agreed(batch: _batch.RLBatch, truncated: np.ndarray
+            ) -> tuple[_batch.RLBatch, np.ndarray]:
+  """Process 0's episodes, on every process of a multi-process run.
+
+  An episode's environment steps run on each host: a verdict or a tool's
+  output that differs between hosts (a program near its time limit) changes
+  the episode itself, not only its reward, and processes that filtered
+  different groups would wait on each other's collectives for ever. So the
+  episodes are decided once: process 0's tokens, masks, log-probs, rewards
+  and truncation are everyone's (one broadcast of the host arrays).
+  """
+  if jax.process_count() == 1:
+    return batch, truncated
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  arrays, truncated = multihost_utils.broadcast_one_to_all(
+      (batch.arrays(), np.asarray(truncated, np.int32)))
+  arrays = {k: np.asarray(v) for k, v in arrays.items()}
+  return batch.replace(**arrays), np.asarray(truncated, bool)
 
 
 def _assemble(groups: list[_batch.RLBatch], cfg: RLConfig) -> _batch.RLBatch:
