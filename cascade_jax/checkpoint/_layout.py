@@ -95,16 +95,15 @@ def convert_state(cfg: ModelConfig, state: dict) -> dict:
   old = jax.tree.leaves(params)
   # Which old leaves make each new leaf: trace indices through the stacking.
   ids = jax.tree.unflatten(jax.tree.structure(params), range(len(old)))
-  recipe = jax.tree.leaves(stack_layers(cfg, ids, stack=tuple),
-                           is_leaf=lambda x: isinstance(x, tuple))
+  traced = stack_layers(cfg, ids, stack=tuple)
+  is_tuple = lambda x: isinstance(x, tuple)
+  recipe = jax.tree.leaves(traced, is_leaf=is_tuple)
   remake = lambda leaves: [
       np.stack([np.asarray(leaves[i]) for i in r]) if isinstance(r, tuple)
       else leaves[r] for r in recipe]
   out = dict(state)
   out['params'] = jax.tree.unflatten(
-      jax.tree.structure(stack_layers(cfg, ids, stack=tuple),
-                         is_leaf=lambda x: isinstance(x, tuple)),
-      remake(old))
+      jax.tree.structure(traced, is_leaf=is_tuple), remake(old))
   out['rest'] = stack_layers(cfg, state.get('rest', {}))
   if 'opt_state' in state:
     shapes = [np.shape(x) for x in old]
