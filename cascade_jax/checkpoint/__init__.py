@@ -1,5 +1,7 @@
 """Checkpoints: Orbax save / restore of runs, Hugging Face import / export."""
 
+from cascade_jax.checkpoint._hf import checkpoint_dtype
+from cascade_jax.checkpoint._hf import load_hf
 from cascade_jax.checkpoint._hf_nemotron_h import config_from_hf_nemotron_h
 from cascade_jax.checkpoint._hf_nemotron_h import load_hf_nemotron_h
 from cascade_jax.checkpoint._hf_nemotron_h import save_hf_nemotron_h
@@ -11,3 +13,4 @@ from cascade_jax.checkpoint._layout import int_keys
 from cascade_jax.checkpoint._layout import is_per_layer
 from cascade_jax.checkpoint._layout import stack_layers
 from cascade_jax.checkpoint._orbax import Checkpointer
+from cascade_jax.checkpoint._safetensors import Files as SafetensorsFiles

@@ -18,11 +18,15 @@ import os
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-from safetensors.numpy import save_file
 
-from cascade_jax.checkpoint._hf_qwen3 import _read_safetensors
+import numpy as np
+
+from cascade_jax.checkpoint import _hf_stream
+from cascade_jax.checkpoint._hf_qwen3 import read_config
+from cascade_jax.checkpoint._hf_stream import linear
+from cascade_jax.checkpoint._hf_stream import same
+from cascade_jax.checkpoint._safetensors import Files
+from cascade_jax.model import abstract_model
 from cascade_jax.model import ATTENTION
 from cascade_jax.model import MambaConfig
 from cascade_jax.model import MAMBA
@@ -31,7 +35,6 @@ from cascade_jax.model import ModelConfig
 from cascade_jax.model import MOE
 from cascade_jax.model import MoEConfig
 from cascade_jax.model import Transformer
-from cascade_jax.sharding import shard_model
 from cascade_jax.sharding import ShardingCtx
 
 _KINDS = {'linear_attention': MAMBA, 'mamba': MAMBA, 'full_attention': ATTENTION,
@@ -121,115 +124,98 @@ def config_from_hf_nemotron_h(hf: dict[str, Any], *, dtype: str = 'float32',
       param_dtype=dtype)
 
 
-def _linear_in(w, *shape):   # torch [out, in] -> ours [in, *out]
-  return w.T.reshape(w.shape[1], *shape)
+def sources(cfg: ModelConfig, files: Files | None = None
+            ) -> dict[tuple, _hf_stream.Source]:
+  """Where each of our variables comes from in a Nemotron-H checkpoint."""
+  d, v = cfg.embed_dim, cfg.vocab_size
+  top = {('embed_vd',): same('backbone.embeddings.weight', (v, d)),
+         ('final_norm', 'scale'): same('backbone.norm_f.weight', (d,))}
+  if not cfg.tie_embeddings:
+    top[('head_dv',)] = linear('lm_head.weight', (v,), (d,))
 
-
-def _from_hf(cfg: ModelConfig, tensors: dict[str, np.ndarray], path: str):
-  """{our variable path: array} from the HF tensors; missing keys are collected."""
-  d = cfg.embed_dim
-  out: dict[tuple, np.ndarray] = {}
-  used, missing = set(), []
-
-  def get(key):
-    if key not in tensors:
-      missing.append(key)
-      return None
-    used.add(key)
-    return tensors[key]
-
-  def put(ours, key, fn=lambda w: w):
-    w = get(key)
-    if w is not None:
-      try:
-        out[ours] = fn(w)
-      except ValueError as e:
-        raise ValueError(f'{path}: {key} has shape {w.shape}, which does not '
-                         f'fit the config') from e
-
-  put(('embed_vd',), 'backbone.embeddings.weight')
-  put(('final_norm', 'scale'), 'backbone.norm_f.weight')
-  put(('head_dv',), 'lm_head.weight', lambda w: w.T)
-  for i, kind in enumerate(cfg.pattern):
-    p = f'backbone.layers.{i}.'
-    blk = ('blocks', i)
-    put(blk + ('norm', 'scale'), p + 'norm.weight')
-    mx = blk + ('mixer',)
-    if kind == MAMBA:
-      m = cfg.mamba
-      h, hp, g, n = m.num_heads, m.num_heads * m.head_dim, m.num_groups, m.state_dim
-      w = get(p + 'mixer.in_proj.weight')
-      if w is not None:
-        sizes = [hp, hp, g * n, g * n, h]
-        if w.shape != (sum(sizes), d):
-          raise ValueError(f'{path}: {p}mixer.in_proj.weight has shape '
-                           f'{w.shape}, the config needs {(sum(sizes), d)} '
-                           '(z, x, B, C, dt)')
-        z, x, bb, cc, dt = np.split(w, np.cumsum(sizes)[:-1])
-        out[mx + ('w_z_dhp',)] = _linear_in(z, h, m.head_dim)
-        out[mx + ('w_x_dhp',)] = _linear_in(x, h, m.head_dim)
-        out[mx + ('w_b_dgn',)] = _linear_in(bb, g, n)
-        out[mx + ('w_c_dgn',)] = _linear_in(cc, g, n)
-        out[mx + ('w_dt_dh',)] = dt.T
-      conv_sizes = [hp, g * n, g * n]
-      w = get(p + 'mixer.conv1d.weight')
-      if w is not None:
-        if w.shape != (sum(conv_sizes), 1, m.conv_kernel):
-          raise ValueError(f'{path}: {p}mixer.conv1d.weight has shape '
-                           f'{w.shape}, the config needs '
-                           f'{(sum(conv_sizes), 1, m.conv_kernel)}')
-        x, bb, cc = np.split(w[:, 0, :], np.cumsum(conv_sizes)[:-1])
-        out[mx + ('conv_x_khp',)] = x.T.reshape(-1, h, m.head_dim)
-        out[mx + ('conv_b_kgn',)] = bb.T.reshape(-1, g, n)
-        out[mx + ('conv_c_kgn',)] = cc.T.reshape(-1, g, n)
+  def mamba(p: str) -> dict[tuple, Any]:
+    m = cfg.mamba
+    h, hd, g, n = m.num_heads, m.head_dim, m.num_groups, m.state_dim
+    hp, gn = h * hd, g * n
+    # in_proj is fused [z | x | B | C | dt] on its out axis, conv1d
+    # [x | B | C] on its channels: each part is a row range.
+    sizes = [hp, hp, gn, gn, h]
+    at = np.cumsum([0] + sizes)
+    rows = lambda i: (int(at[i]), int(at[i + 1]))
+    inp = p + 'mixer.in_proj.weight'
+    out = {('mixer', name): linear(inp, shape, (d,), rows=rows(i),
+                                   total=int(at[-1]))
+           for i, (name, shape) in enumerate(
+               (('w_z_dhp', (h, hd)), ('w_x_dhp', (h, hd)),
+                ('w_b_dgn', (g, n)), ('w_c_dgn', (g, n)), ('w_dt_dh', (h,))))}
+    k, conv = m.conv_kernel, p + 'mixer.conv1d.'
+    c_at = np.cumsum([0, hp, gn, gn])
+    for i, (part, shape, axes) in enumerate((('x', (h, hd), 'hp'),
+                                             ('b', (g, n), 'gn'),
+                                             ('c', (g, n), 'gn'))):
+      r = (int(c_at[i]), int(c_at[i + 1]))
+      out[('mixer', f'conv_{part}_k{axes}')] = _hf_stream.Piece(
+          conv + 'weight', (int(c_at[-1]), 1, k), (shape, (k,)), (1, 0),
+          rows=r, squeeze=1)
       if m.conv_bias:
-        w = get(p + 'mixer.conv1d.bias')
-        if w is not None:
-          x, bb, cc = np.split(w, np.cumsum(conv_sizes)[:-1])
-          out[mx + ('conv_bias_x_hp',)] = x.reshape(h, m.head_dim)
-          out[mx + ('conv_bias_b_gn',)] = bb.reshape(g, n)
-          out[mx + ('conv_bias_c_gn',)] = cc.reshape(g, n)
-      put(mx + ('dt_bias_h',), p + 'mixer.dt_bias')
-      put(mx + ('a_log_h',), p + 'mixer.A_log')
-      put(mx + ('d_h',), p + 'mixer.D')
-      put(mx + ('norm_hp',), p + 'mixer.norm.weight',
-          lambda w: w.reshape(h, m.head_dim))
-      put(mx + ('w_out_hpd',), p + 'mixer.out_proj.weight',
-          lambda w: w.T.reshape(h, m.head_dim, d))
+        out[('mixer', f'conv_bias_{part}_{axes}')] = _hf_stream.Piece(
+            conv + 'bias', (int(c_at[-1]),), (shape,), (0,), rows=r)
+    out.update({
+        ('mixer', 'dt_bias_h'): same(p + 'mixer.dt_bias', (h,)),
+        ('mixer', 'a_log_h'): same(p + 'mixer.A_log', (h,)),
+        ('mixer', 'd_h'): same(p + 'mixer.D', (h,)),
+        ('mixer', 'norm_hp'): same(p + 'mixer.norm.weight', (hp,), (h, hd)),
+        ('mixer', 'w_out_hpd'): linear(p + 'mixer.out_proj.weight', (d,),
+                                       (h, hd))})
+    return out
+
+  def moe(p: str) -> dict[tuple, Any]:
+    m = cfg.moe
+    e, f = m.num_experts, m.expert_dim
+    out = {('mixer', 'router_de'): linear(p + 'mixer.gate.weight', (e,), (d,)),
+           ('mixer', 'expert_bias'): same(
+               p + 'mixer.gate.e_score_correction_bias', (e,))}
+    for name, ours, (o, i_) in (('up_proj', 'w_gate_edf', ((f,), (d,))),
+                                ('down_proj', 'w_down_efd', ((d,), (f,)))):
+      fused = p + f'mixer.experts.{name}'
+      if files is not None and fused in files:   # [E, out, in] in one tensor
+        out[('mixer', ours)] = _hf_stream.Piece(
+            fused, (e, o[0], i_[0]), ((e,), o, i_), (0, 2, 1))
+      else:
+        out[('mixer', ours)] = [
+            linear(p + f'mixer.experts.{j}.{name}.weight', o, i_)
+            for j in range(e)]
+    fs = m.num_shared_experts * m.shared_expert_dim
+    sh = p + 'mixer.shared_experts.'
+    out[('mixer', 'shared', 'w_gate_df')] = linear(sh + 'up_proj.weight',
+                                                   (fs,), (d,))
+    out[('mixer', 'shared', 'w_down_fd')] = linear(sh + 'down_proj.weight',
+                                                   (d,), (fs,))
+    return out
+
+  def layer(i: int, kind: str) -> dict[tuple, Any]:
+    p = f'backbone.layers.{i}.'
+    out = {('norm', 'scale'): same(p + 'norm.weight', (d,))}
+    if kind == MAMBA:
+      out.update(mamba(p))
     elif kind == ATTENTION:
       n_, k_, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-      put(mx + ('w_q_dnh',), p + 'mixer.q_proj.weight', lambda w: _linear_in(w, n_, hd))
-      put(mx + ('w_k_dkh',), p + 'mixer.k_proj.weight', lambda w: _linear_in(w, k_, hd))
-      put(mx + ('w_v_dkh',), p + 'mixer.v_proj.weight', lambda w: _linear_in(w, k_, hd))
-      put(mx + ('w_o_nhd',), p + 'mixer.o_proj.weight',
-          lambda w: w.T.reshape(n_, hd, d))
+      out.update({
+          ('mixer', 'w_q_dnh'): linear(p + 'mixer.q_proj.weight', (n_, hd), (d,)),
+          ('mixer', 'w_k_dkh'): linear(p + 'mixer.k_proj.weight', (k_, hd), (d,)),
+          ('mixer', 'w_v_dkh'): linear(p + 'mixer.v_proj.weight', (k_, hd), (d,)),
+          ('mixer', 'w_o_nhd'): linear(p + 'mixer.o_proj.weight', (d,),
+                                       (n_, hd))})
     elif kind == MOE:
-      e = cfg.moe.num_experts
-      put(mx + ('router_de',), p + 'mixer.gate.weight', lambda w: w.T)
-      put(mx + ('expert_bias',), p + 'mixer.gate.e_score_correction_bias')
-      for name, ours in (('up_proj', 'w_gate_edf'), ('down_proj', 'w_down_efd')):
-        fused = p + f'mixer.experts.{name}'
-        if fused in tensors:      # transformers' in-memory [E, out, in] layout
-          put(mx + (ours,), fused, lambda w: w.transpose(0, 2, 1))
-          continue
-        ws = [get(p + f'mixer.experts.{j}.{name}.weight') for j in range(e)]
-        if all(w_ is not None for w_ in ws):
-          out[mx + (ours,)] = np.stack([w_.T for w_ in ws])
-      put(mx + ('shared', 'w_gate_df'), p + 'mixer.shared_experts.up_proj.weight',
-          lambda w: w.T)
-      put(mx + ('shared', 'w_down_fd'),
-          p + 'mixer.shared_experts.down_proj.weight', lambda w: w.T)
+      out.update(moe(p))
     else:
-      put(mx + ('w_gate_df',), p + 'mixer.up_proj.weight', lambda w: w.T)
-      put(mx + ('w_down_fd',), p + 'mixer.down_proj.weight', lambda w: w.T)
-  return out, used, missing
+      fd = cfg.mlp_dim
+      out[('mixer', 'w_gate_df')] = linear(p + 'mixer.up_proj.weight', (fd,), (d,))
+      out[('mixer', 'w_down_fd')] = linear(p + 'mixer.down_proj.weight', (d,),
+                                           (fd,))
+    return out
 
-
-def _variable(model, path_):
-  obj = model
-  for key in path_:
-    obj = obj[key] if isinstance(key, int) else getattr(obj, key)
-  return obj
+  return _hf_stream.stacked_sources(cfg, top, layer)
 
 
 def load_hf_nemotron_h(path: str, *, dtype: str = 'float32',
@@ -238,36 +224,19 @@ def load_hf_nemotron_h(path: str, *, dtype: str = 'float32',
                        ) -> tuple[ModelConfig, Transformer]:
   """Imports a directory written by transformers' `save_pretrained` (NemotronHForCausalLM).
 
-  Every weight the model needs must be present with the right shape, and
-  every tensor in the files must be used (multi-token-prediction `mtp.*`
-  heads aside, as transformers skips them): a mismatch names the keys.
+  Streamed: every device's slice of every weight is read from the files
+  straight into its sharding on `ctx`'s mesh (`_hf_stream.load`). Every
+  weight the model needs must be present with the right shape, and every
+  tensor in the files must be used (multi-token-prediction `mtp.*` heads
+  aside, as transformers skips them): a mismatch names the keys.
   """
-  with open(os.path.join(path, 'config.json')) as f:
-    cfg = config_from_hf_nemotron_h(json.load(f), dtype=dtype,
-                                    dispatch=dispatch)
-  tensors = _read_safetensors(path)
-  arrays, used, missing = _from_hf(cfg, tensors, path)
-  if missing:
-    raise ValueError(f'{path}: checkpoint lacks {len(missing)} weights the '
-                     f'model needs, e.g. {missing[:5]}')
-  unused = sorted(k for k in tensors if k not in used
-                  and not k.startswith(_IGNORED_PREFIXES))
-  if unused:
-    raise ValueError(f'{path}: {len(unused)} tensors do not fit the model, '
-                     f'e.g. {unused[:5]}')
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx))
-  # Layer by layer into views of the stacked weights, stacked back at the end.
-  views = model.layer_views()
-  for ours, value in arrays.items():
-    var = (_variable(views[ours[1]], ours[2:]) if ours[0] == 'blocks' else
-           _variable(model, ours))
-    if value.shape != var.shape:
-      raise ValueError(f'{path}: {".".join(map(str, ours))} gets shape '
-                       f'{value.shape} from the checkpoint, the model expects '
-                       f'{var.shape}')
-    var.set_value(jnp.asarray(value, dtype=var.dtype))
-  model.set_layers(views)
-  return cfg, (model if ctx is None else shard_model(model, ctx))
+  cfg = config_from_hf_nemotron_h(read_config(path), dtype=dtype,
+                                  dispatch=dispatch)
+  files = Files(path)
+  model = abstract_model(cfg, ctx)
+  return cfg, _hf_stream.load(
+      files, sources(cfg, files), model,
+      ignored=lambda k: k.startswith(_IGNORED_PREFIXES))
 
 
 def _check_exportable(cfg: ModelConfig) -> None:
@@ -287,10 +256,9 @@ def _check_exportable(cfg: ModelConfig) -> None:
                      '; '.join(problems))
 
 
-def save_hf_nemotron_h(cfg: ModelConfig, model: Transformer, path: str) -> None:
-  """Writes config.json + model.safetensors that transformers' NemotronHForCausalLM loads."""
+def hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+  """config.json of a Nemotron-H checkpoint of `cfg` stored in `dtype`."""
   _check_exportable(cfg)
-  os.makedirs(path, exist_ok=True)
   m, mb = cfg.moe, cfg.mamba
   hf = dict(
       architectures=['NemotronHForCausalLM'], model_type='nemotron_h',
@@ -299,8 +267,8 @@ def save_hf_nemotron_h(cfg: ModelConfig, model: Transformer, path: str) -> None:
       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
       head_dim=cfg.head_dim, intermediate_size=cfg.mlp_dim or 1,
       mlp_hidden_act='relu2', layer_norm_epsilon=cfg.norm_eps,
-      tie_word_embeddings=False, dtype=cfg.param_dtype,
-      torch_dtype=cfg.param_dtype, use_bias=False, mlp_bias=False,
+      tie_word_embeddings=False, dtype=dtype,
+      torch_dtype=dtype, use_bias=False, mlp_bias=False,
       attention_bias=False, max_position_embeddings=4096)
   if m is not None:
     hf.update(n_routed_experts=m.num_experts, num_experts_per_tok=m.top_k,
@@ -317,54 +285,26 @@ def save_hf_nemotron_h(cfg: ModelConfig, model: Transformer, path: str) -> None:
               time_step_max=mb.dt_init_max,
               expand=max(1, mb.num_heads * mb.head_dim // cfg.embed_dim),
               mamba_ssm_cache_dtype='float32')
+  return hf
+
+
+def save_hf_nemotron_h(cfg: ModelConfig, model: Transformer, path: str, *,
+                       dtype: str = '', max_shard_bytes: int = 4 << 30
+                       ) -> list[str]:
+  """Writes config.json + safetensors shards that transformers'
+  NemotronHForCausalLM loads, a tensor at a time (`_hf_stream.save`), in
+  `dtype` ('' keeps the model's). Returns the weight files written."""
+  dtype = dtype or cfg.param_dtype
+  hf = hf_config(cfg, dtype)
+  os.makedirs(path, exist_ok=True)
+  # transformers' NemotronH never ties: a tied model writes its table twice.
+  aliases = ({'lm_head.weight': 'backbone.embeddings.weight'}
+             if cfg.tie_embeddings else None)
+  files = _hf_stream.save(sources(cfg), model, path, dtype=jnp.dtype(dtype),
+                          max_shard_bytes=max_shard_bytes, aliases=aliases)
   with open(os.path.join(path, 'config.json'), 'w') as f:
     json.dump(hf, f, indent=2)
-  f32 = lambda v: np.asarray(v[...], dtype=np.float32)
-  d = cfg.embed_dim
-  t = {'backbone.embeddings.weight': f32(model.embed_vd),
-       'backbone.norm_f.weight': f32(model.final_norm.scale)}
-  t['lm_head.weight'] = (f32(model.embed_vd) if cfg.tie_embeddings else
-                         f32(model.head_dv).T)
-  out_in = lambda w: w.reshape(w.shape[0], -1).T        # ours [in, *out] -> torch
-  for i, blk in enumerate(model.layer_views()):
-    p = f'backbone.layers.{i}.'
-    t[p + 'norm.weight'] = f32(blk.norm.scale)
-    x = blk.mixer
-    if blk.kind == MAMBA:
-      t[p + 'mixer.in_proj.weight'] = np.concatenate([
-          out_in(f32(x.w_z_dhp)), out_in(f32(x.w_x_dhp)),
-          out_in(f32(x.w_b_dgn)), out_in(f32(x.w_c_dgn)), f32(x.w_dt_dh).T])
-      k = mb.conv_kernel
-      t[p + 'mixer.conv1d.weight'] = np.concatenate([
-          f32(x.conv_x_khp).reshape(k, -1).T, f32(x.conv_b_kgn).reshape(k, -1).T,
-          f32(x.conv_c_kgn).reshape(k, -1).T])[:, None, :]
-      if mb.conv_bias:
-        t[p + 'mixer.conv1d.bias'] = np.concatenate([
-            f32(x.conv_bias_x_hp).ravel(), f32(x.conv_bias_b_gn).ravel(),
-            f32(x.conv_bias_c_gn).ravel()])
-      t[p + 'mixer.dt_bias'] = f32(x.dt_bias_h)
-      t[p + 'mixer.A_log'] = f32(x.a_log_h)
-      t[p + 'mixer.D'] = f32(x.d_h)
-      t[p + 'mixer.norm.weight'] = f32(x.norm_hp).ravel()
-      t[p + 'mixer.out_proj.weight'] = f32(x.w_out_hpd).reshape(-1, d).T
-    elif blk.kind == ATTENTION:
-      for name, w in (('q_proj', x.w_q_dnh), ('k_proj', x.w_k_dkh),
-                      ('v_proj', x.w_v_dkh)):
-        t[p + f'mixer.{name}.weight'] = out_in(f32(w))
-      t[p + 'mixer.o_proj.weight'] = f32(x.w_o_nhd).reshape(-1, d).T
-    elif blk.kind == MOE:
-      t[p + 'mixer.gate.weight'] = f32(x.router_de).T
-      t[p + 'mixer.gate.e_score_correction_bias'] = f32(x.expert_bias)
-      for e in range(m.num_experts):
-        t[p + f'mixer.experts.{e}.up_proj.weight'] = f32(x.w_gate_edf)[e].T
-        t[p + f'mixer.experts.{e}.down_proj.weight'] = f32(x.w_down_efd)[e].T
-      t[p + 'mixer.shared_experts.up_proj.weight'] = f32(x.shared.w_gate_df).T
-      t[p + 'mixer.shared_experts.down_proj.weight'] = f32(x.shared.w_down_fd).T
-    else:
-      t[p + 'mixer.up_proj.weight'] = f32(x.w_gate_df).T
-      t[p + 'mixer.down_proj.weight'] = f32(x.w_down_fd).T
-  save_file({k: np.ascontiguousarray(v) for k, v in t.items()},
-            os.path.join(path, 'model.safetensors'), metadata={'format': 'pt'})
+  return files
 
 
 __all__ = ['config_from_hf_nemotron_h', 'load_hf_nemotron_h',

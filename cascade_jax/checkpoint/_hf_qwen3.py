@@ -7,15 +7,16 @@ import os
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
+
+from cascade_jax.checkpoint import _hf_stream
+from cascade_jax.checkpoint._hf_stream import linear
+from cascade_jax.checkpoint._hf_stream import same
+from cascade_jax.checkpoint._safetensors import Files
+from cascade_jax.model import abstract_model
 from cascade_jax.model import ModelConfig
 from cascade_jax.model import MoEConfig
 from cascade_jax.model import Transformer
-from cascade_jax.sharding import shard_model
 from cascade_jax.sharding import ShardingCtx
 
 _IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
@@ -62,62 +63,55 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = 'float32',
       norm_eps=hf.get('rms_norm_eps', 1e-6), dtype=dtype, param_dtype=dtype)
 
 
-def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  index = os.path.join(path, 'model.safetensors.index.json')
-  if os.path.exists(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)['weight_map'].values()))
-  else:
-    files = ['model.safetensors']
-  out = {}
-  for name in files:
-    full = os.path.join(path, name)
-    if not os.path.exists(full):
-      raise FileNotFoundError(f'{path}: missing weights file {name}')
-    with safe_open(full, framework='flax') as f:
-      for key in f.keys():
-        out[key] = np.asarray(f.get_tensor(key).astype(jnp.float32))
-  return out
-
-
-def _weight_map(cfg: ModelConfig, model: Transformer, layers: list):
-  """(hf key, our variable, hf -> ours array transform) for every weight.
-
-  `layers`: `model.layer_views()` (the per-layer Blocks the layer weights
-  are read from or written into).
-  """
+def sources(cfg: ModelConfig, files: Files | None = None
+            ) -> dict[tuple, _hf_stream.Source]:
+  """Where each of our variables comes from in a Qwen3-MoE checkpoint."""
   d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  entries = [('model.embed_tokens.weight', model.embed_vd, lambda w: w),
-             ('model.norm.weight', model.final_norm.scale, lambda w: w)]
+  v = cfg.vocab_size
+  top = {('embed_vd',): same('model.embed_tokens.weight', (v, d)),
+         ('final_norm', 'scale'): same('model.norm.weight', (d,))}
   if not cfg.tie_embeddings:
-    entries.append(('lm_head.weight', model.head_dv, lambda w: w.T))
-  for i in range(cfg.num_layers // 2):
-    attn, ffn = layers[2 * i], layers[2 * i + 1]
-    p = f'model.layers.{i}.'
-    a = attn.mixer
-    entries += [
-        (p + 'input_layernorm.weight', attn.norm.scale, lambda w: w),
-        (p + 'post_attention_layernorm.weight', ffn.norm.scale, lambda w: w),
-        (p + 'self_attn.q_proj.weight', a.w_q_dnh, lambda w: w.T.reshape(d, n, h)),
-        (p + 'self_attn.k_proj.weight', a.w_k_dkh, lambda w: w.T.reshape(d, k, h)),
-        (p + 'self_attn.v_proj.weight', a.w_v_dkh, lambda w: w.T.reshape(d, k, h)),
-        (p + 'self_attn.o_proj.weight', a.w_o_nhd, lambda w: w.T.reshape(n, h, d)),
-        (p + 'self_attn.q_norm.weight', a.q_norm.scale, lambda w: w),
-        (p + 'self_attn.k_norm.weight', a.k_norm.scale, lambda w: w),
-    ]
-    f = ffn.mixer
-    if ffn.kind == 'E':
-      entries.append((p + 'mlp.gate.weight', f.router_de, lambda w: w.T))
-      for name, var in (('gate_proj', f.w_gate_edf), ('up_proj', f.w_up_edf),
-                        ('down_proj', f.w_down_efd)):
-        keys = [f'{p}mlp.experts.{e}.{name}.weight'
-                for e in range(cfg.moe.num_experts)]
-        entries.append((keys, var, lambda ws: np.stack([w.T for w in ws])))
+    top[('head_dv',)] = linear('lm_head.weight', (v,), (d,))
+
+  def layer(i: int, kind: str) -> dict[tuple, Any]:
+    p = f'model.layers.{i // 2}.'
+    if kind == '*':
+      a = p + 'self_attn.'
+      return {('norm', 'scale'): same(p + 'input_layernorm.weight', (d,)),
+              ('mixer', 'w_q_dnh'): linear(a + 'q_proj.weight', (n, h), (d,)),
+              ('mixer', 'w_k_dkh'): linear(a + 'k_proj.weight', (k, h), (d,)),
+              ('mixer', 'w_v_dkh'): linear(a + 'v_proj.weight', (k, h), (d,)),
+              ('mixer', 'w_o_nhd'): linear(a + 'o_proj.weight', (d,), (n, h)),
+              ('mixer', 'q_norm', 'scale'): same(a + 'q_norm.weight', (h,)),
+              ('mixer', 'k_norm', 'scale'): same(a + 'k_norm.weight', (h,))}
+    out = {('norm', 'scale'): same(p + 'post_attention_layernorm.weight', (d,))}
+    if kind == 'E':
+      m = cfg.moe
+      e, f = m.num_experts, m.expert_dim
+      out[('mixer', 'router_de')] = linear(p + 'mlp.gate.weight', (e,), (d,))
+      for name, ours, (o, i_) in (('gate_proj', 'w_gate_edf', ((f,), (d,))),
+                                  ('up_proj', 'w_up_edf', ((f,), (d,))),
+                                  ('down_proj', 'w_down_efd', ((d,), (f,)))):
+        out[('mixer', ours)] = [
+            linear(f'{p}mlp.experts.{j}.{name}.weight', o, i_)
+            for j in range(e)]
     else:
-      entries += [(p + 'mlp.gate_proj.weight', f.w_gate_df, lambda w: w.T),
-                  (p + 'mlp.up_proj.weight', f.w_up_df, lambda w: w.T),
-                  (p + 'mlp.down_proj.weight', f.w_down_fd, lambda w: w.T)]
-  return entries
+      fd = cfg.mlp_dim
+      out[('mixer', 'w_gate_df')] = linear(p + 'mlp.gate_proj.weight', (fd,), (d,))
+      out[('mixer', 'w_up_df')] = linear(p + 'mlp.up_proj.weight', (fd,), (d,))
+      out[('mixer', 'w_down_fd')] = linear(p + 'mlp.down_proj.weight', (d,), (fd,))
+    return out
+
+  return _hf_stream.stacked_sources(cfg, top, layer)
+
+
+def read_config(path: str) -> dict[str, Any]:
+  name = os.path.join(path, 'config.json')
+  if not os.path.exists(name):
+    raise FileNotFoundError(f'{path}: no config.json (not a Hugging Face '
+                            'checkpoint directory)')
+  with open(name) as f:
+    return json.load(f)
 
 
 def load_hf_qwen3_moe(path: str, *, dtype: str = 'float32',
@@ -126,43 +120,16 @@ def load_hf_qwen3_moe(path: str, *, dtype: str = 'float32',
                       ) -> tuple[ModelConfig, Transformer]:
   """Imports a directory written by transformers' `save_pretrained`.
 
-  Every weight the model needs must be present with the right shape, and
-  every tensor in the files must be used: a mismatch names the keys.
+  Streamed: every device's slice of every weight is read from the files
+  straight into its sharding on `ctx`'s mesh (`_hf_stream.load`). Every
+  weight the model needs must be present with the right shape, and every
+  tensor in the files must be used: a mismatch names the keys.
   """
-  with open(os.path.join(path, 'config.json')) as f:
-    cfg = config_from_hf(json.load(f), dtype=dtype, dispatch=dispatch)
-  tensors = _read_safetensors(path)
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx))
-  used = set()
-  missing = []
-  views = model.layer_views()
-  for key, var, to_ours in _weight_map(cfg, model, views):
-    keys = key if isinstance(key, list) else [key]
-    absent = [k_ for k_ in keys if k_ not in tensors]
-    if absent:
-      missing += absent
-      continue
-    used.update(keys)
-    arrs = [tensors[k_] for k_ in keys]
-    try:
-      value = to_ours(arrs if isinstance(key, list) else arrs[0])
-    except ValueError as e:  # a reshape that cannot fit
-      raise ValueError(f'{path}: {keys[0]} has shape {arrs[0].shape}, which '
-                       f'does not convert to the model\'s {var.shape}') from e
-    if value.shape != var.shape:
-      raise ValueError(f'{path}: {keys[0]} has shape {value.shape} after '
-                       f'conversion, the model expects {var.shape}')
-    var.set_value(jnp.asarray(value, dtype=var.dtype))
-  if missing:
-    raise ValueError(f'{path}: checkpoint lacks {len(missing)} weights the '
-                     f'model needs, e.g. {missing[:5]}')
-  unused = sorted(k_ for k_ in tensors if k_ not in used
-                  and not k_.endswith(_IGNORED_SUFFIXES))
-  if unused:
-    raise ValueError(f'{path}: {len(unused)} tensors do not fit the model, '
-                     f'e.g. {unused[:5]}')
-  model.set_layers(views)
-  return cfg, (model if ctx is None else shard_model(model, ctx))
+  cfg = config_from_hf(read_config(path), dtype=dtype, dispatch=dispatch)
+  files = Files(path)
+  model = abstract_model(cfg, ctx)
+  return cfg, _hf_stream.load(files, sources(cfg, files), model,
+                              ignored=lambda k: k.endswith(_IGNORED_SUFFIXES))
 
 
 def _check_exportable(cfg: ModelConfig) -> None:
@@ -185,13 +152,12 @@ def _check_exportable(cfg: ModelConfig) -> None:
                      '; '.join(problems))
 
 
-def save_hf_qwen3_moe(cfg: ModelConfig, model: Transformer, path: str) -> None:
-  """Writes config.json + model.safetensors that transformers can load."""
+def hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+  """config.json of a Qwen3-MoE checkpoint of `cfg` stored in `dtype`."""
   _check_exportable(cfg)
-  os.makedirs(path, exist_ok=True)
   m = cfg.moe
   dense = [i for i in range(cfg.num_layers // 2) if cfg.pattern[2 * i + 1] == '-']
-  hf = dict(
+  return dict(
       architectures=['Qwen3MoeForCausalLM'], model_type='qwen3_moe',
       vocab_size=cfg.vocab_size, hidden_size=cfg.embed_dim,
       num_hidden_layers=cfg.num_layers // 2,
@@ -207,24 +173,20 @@ def save_hf_qwen3_moe(cfg: ModelConfig, model: Transformer, path: str) -> None:
       rope_parameters={'rope_type': 'default', 'rope_theta': cfg.rope_theta},
       tie_word_embeddings=cfg.tie_embeddings, attention_bias=False,
       hidden_act='silu', max_position_embeddings=32_768,
-      dtype=cfg.param_dtype, torch_dtype=cfg.param_dtype)
+      dtype=dtype, torch_dtype=dtype)
+
+
+def save_hf_qwen3_moe(cfg: ModelConfig, model: Transformer, path: str, *,
+                      dtype: str = '', max_shard_bytes: int = 4 << 30
+                      ) -> list[str]:
+  """Writes config.json + safetensors shards that transformers can load,
+  a tensor at a time (`_hf_stream.save`), in `dtype` ('' keeps the
+  model's). Returns the weight files written."""
+  dtype = dtype or cfg.param_dtype
+  hf = hf_config(cfg, dtype)
+  os.makedirs(path, exist_ok=True)
+  files = _hf_stream.save(sources(cfg), model, path, dtype=jnp.dtype(dtype),
+                          max_shard_bytes=max_shard_bytes)
   with open(os.path.join(path, 'config.json'), 'w') as f:
     json.dump(hf, f, indent=2)
-  tensors = {}
-  for key, var, _ in _weight_map(cfg, model, model.layer_views()):
-    w = np.asarray(var[...], dtype=np.float32)
-    if isinstance(key, list):  # stacked experts [E, in, out] -> E x [out, in]
-      for k_, w_e in zip(key, w):
-        tensors[k_] = np.ascontiguousarray(w_e.T)
-    elif w.ndim == 3:          # [D, N, H] / [N, H, D] -> torch [out, in]
-      tensors[key] = np.ascontiguousarray(
-          w.reshape(w.shape[0], -1).T if key.endswith(('q_proj.weight',
-                                                        'k_proj.weight',
-                                                        'v_proj.weight'))
-          else w.reshape(-1, w.shape[-1]).T)
-    elif w.ndim == 2 and not key.endswith('embed_tokens.weight'):
-      tensors[key] = np.ascontiguousarray(w.T)
-    else:
-      tensors[key] = w
-  save_file(tensors, os.path.join(path, 'model.safetensors'),
-            metadata={'format': 'pt'})
+  return files

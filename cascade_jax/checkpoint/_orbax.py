@@ -35,12 +35,19 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str, *, max_to_keep: int = 3,
-               async_save: bool = True):
+               async_save: bool = True,
+               save_concurrent_gb: float | None = None):
+    """`save_concurrent_gb`: at most this many GB of arrays in flight
+    (copied to the host, being written) during a save; Orbax's default
+    (96) lets a save copy every array at once."""
     self.directory = os.path.abspath(directory)
+    handler = (ocp.StandardCheckpointHandler() if save_concurrent_gb is None
+               else ocp.StandardCheckpointHandler(
+                   save_concurrent_gb=save_concurrent_gb))
     self._mngr = ocp.CheckpointManager(
         self.directory,
         # Named handlers: a fresh process can read metadata before restoring.
-        item_handlers=dict(state=ocp.StandardCheckpointHandler(),
+        item_handlers=dict(state=handler,
                            extra=ocp.JsonCheckpointHandler()),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True,

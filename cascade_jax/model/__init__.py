@@ -47,4 +47,6 @@ from cascade_jax.model._transformer import spilled_fraction
 from cascade_jax.model._transformer import init_cache
 from cascade_jax.model._transformer import KVCache
 from cascade_jax.model._transformer import Stack
+from cascade_jax.model._transformer import abstract_model
+from cascade_jax.model._transformer import init_model
 from cascade_jax.model._transformer import Transformer

@@ -27,6 +27,7 @@ from cascade_jax.model._mamba import MambaState
 from cascade_jax.model._moe import ExpertBias
 from cascade_jax.model._moe import MoE
 from cascade_jax.model._moe import update_expert_bias
+from cascade_jax.sharding import abstract_state
 from cascade_jax.sharding import ShardingCtx
 
 
@@ -412,6 +413,33 @@ class Transformer(nnx.Module):
       if moe.expert_bias is not None:
         moe.expert_bias[...] = jax.vmap(update_expert_bias, (0, 0, None))(
             moe.expert_bias[...], load_le[jnp.asarray(idx)], rate)
+
+
+def abstract_model(cfg: ModelConfig, ctx: ShardingCtx | None = None
+                   ) -> Transformer:
+  """A Transformer of ShapeDtypeStructs, sharded by the rules on `ctx`: what
+  a checkpoint or an import fills, with nothing allocated."""
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx))
+  nnx.update(model, abstract_state(ctx, nnx.state(model)))
+  return model
+
+
+def init_model(cfg: ModelConfig, seed: int,
+               ctx: ShardingCtx | None = None) -> Transformer:
+  """A freshly initialised model, initialised under `jit`. On a mesh, with
+  the rules' output shardings: every device computes only its own shards,
+  so none ever holds a whole weight (a 30B model's 122 GB of fp32 fit no
+  chip). One device and every mesh get the same values (the same program;
+  eager op-by-op init differs from it in the last bits)."""
+  graph, shapes = nnx.split(abstract_model(cfg, ctx))
+  shardings = (None if ctx is None else
+               jax.tree.map(lambda x: x.sharding, shapes))
+
+  @functools.partial(jax.jit, out_shardings=shardings)
+  def init():
+    return nnx.state(Transformer(cfg, rngs=nnx.Rngs(seed), ctx=ctx))
+
+  return nnx.merge(graph, init())
 
 
 def _block_fn(graph, moe, ctx, state, x, replay, shared):

@@ -10,6 +10,8 @@ from cascade_jax.train._state import OptimConfig
 from cascade_jax.train._state import resume
 from cascade_jax.train._state import schedule
 from cascade_jax.train._state import TrainState
+from cascade_jax.train._import import import_hf
+from cascade_jax.train._import import model_spec_of
 from cascade_jax.train._restore import restore_latest
 from cascade_jax.train._restore import restore_run
 from cascade_jax.train._restore import model_shell

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 
+from absl import logging
+
 from flax import nnx
 
 from cascade_jax import checkpoint
 from cascade_jax import data
 from cascade_jax import model as model_lib
-from cascade_jax import sharding
 from cascade_jax.train._state import model_config
 
 
@@ -28,7 +29,7 @@ def restore_run(run_dir: str, *, ctx=None, memory: dict | None = None):
 
 
 def model_shell(run_dir: str, *, ctx=None, memory: dict | None = None):
-  """(model config, the run's model as shapes only, tokenizer).
+  """(model config, the run's model as shapes only, tokenizer or None).
 
   The model's variables are `jax.ShapeDtypeStruct`s (with the rules'
   shardings on `ctx`'s mesh): no random init to throw away, nothing
@@ -41,17 +42,19 @@ def model_shell(run_dir: str, *, ctx=None, memory: dict | None = None):
   cfg = model_config(m['preset'], m.get('overrides') or {})
   cfg = cfg.replace(**dict(memory or {}))
   model = abstract_model(cfg, ctx)
-  tok = data.load_tokenizer(os.path.join(run_dir, 'tokenizer.model'))
+  path = os.path.join(run_dir, 'tokenizer.model')
+  if not os.path.exists(path):   # e.g. an import of weights alone
+    logging.warning('%s has no tokenizer.model: restored without a '
+                    'tokenizer', run_dir)
+    return cfg, model, None
+  tok = data.load_tokenizer(path)
   data.check_vocab(tok, cfg.vocab_size)
   return cfg, model, tok
 
 
 def abstract_model(cfg, ctx=None) -> model_lib.Transformer:
   """A Transformer of ShapeDtypeStructs, sharded by the rules on `ctx`."""
-  model = nnx.eval_shape(
-      lambda: model_lib.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx))
-  nnx.update(model, sharding.abstract_state(ctx, nnx.state(model)))
-  return model
+  return model_lib.abstract_model(cfg, ctx)
 
 
 def restore_latest(module: nnx.Module, run_dir: str):

@@ -149,9 +149,8 @@ class Setup:
     """(model config, a freshly initialised model placed on the mesh)."""
     cfg = _state.model_config(spec['preset'], spec.get('overrides') or {})
     cfg = cfg.replace(**self.memory)
-    model = model_lib.Transformer(cfg, rngs=nnx.Rngs(seed), ctx=self.ctx)
-    if self.ctx is not None:
-      sharding.shard_model(model, self.ctx)
+    # On a mesh, initialised under jit straight into its shardings.
+    model = model_lib.init_model(cfg, seed, self.ctx)
     write_model_json(self.workdir, spec)
     return cfg, model
 
@@ -164,6 +163,10 @@ class Setup:
     run_dir = self.path(run_path)
     cfg, model, tok = _restore.restore_run(run_dir, ctx=self.ctx,
                                            memory=self.memory)
+    if tok is None:
+      raise ValueError(
+          f'{self.name}: {run_dir} has no tokenizer.model, and stages need '
+          'one (a Hugging Face tokenizer.json is not read yet: issue 30)')
     if record:
       write_model_json(self.workdir, _restore.model_spec(run_dir))
       if is_main_process():

@@ -20,6 +20,8 @@ def model_config(preset: str, overrides: Mapping[str, Any] | None = None
                  ) -> model_lib.ModelConfig:
   """A preset with field overrides; `moe` and `mamba` overrides are nested mappings."""
   overrides = dict(overrides or {})
+  dropped = {k for k in ('moe', 'mamba')
+             if k in overrides and overrides[k] is None}
   moe = dict(overrides.pop('moe', {}) or {})
   mamba = dict(overrides.pop('mamba', {}) or {})
   cfg = model_lib.preset(preset)
@@ -30,6 +32,8 @@ def model_config(preset: str, overrides: Mapping[str, Any] | None = None
                      f'known: {sorted(fields)}')
   cfg = cfg.replace(**overrides)
   for name, kw, what in (('moe', moe, 'MoE'), ('mamba', mamba, 'Mamba-2 config')):
+    if name in dropped:      # e.g. an imported model without Mamba layers
+      cfg = cfg.replace(**{name: None})
     if not kw:
       continue
     sub = getattr(cfg, name)
