@@ -112,6 +112,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (2026-12-01); MaxText's MoE runs raise the limit so.
     c.tpu_compiler_options = ml_collections.ConfigDict(dict(
         xla_tpu_scoped_vmem_limit_kib=65536))
+  elif arg == 'nemotron3_nano_30b_a3b_ep':
+    # Nemotron-3-Nano's SFT and GRPO on 8 chips with the experts split over
+    # them (expert 8, each chip 16 whole experts) instead of FSDP: no
+    # expert weight is ever all-gathered (on fsdp 8 each MoE layer gathers
+    # 1.28B expert parameters); the non-expert weights are sharded over the
+    # same axis (`embed` -> fsdp x expert), so nothing is replicated.
+    c.update(get_config('nemotron3_nano_30b_a3b'))
+    c.steps, c.cost_meshes = 'sft,grpo', 'none'
+    c.meshes = ml_collections.ConfigDict({
+        'v5p-16': dict(fsdp=1, expert=8, topology='v5p:2x2x2')})
+    c.rules.embed = 'fsdp,expert'
   elif arg == 'small_hybrid':
     # The hybrid main job's model on 8 fake devices (the test size).
     c.platform = 'cpu'
@@ -143,5 +154,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
                      'qwen3_30b_a3b_recipe_batch, qwen3_30b_a3b_fsdp_expert, '
-                     'nemotron3_nano_30b_a3b, small, small_hybrid)')
+                     'nemotron3_nano_30b_a3b, nemotron3_nano_30b_a3b_ep, '
+                     'small, small_hybrid)')
   return c
