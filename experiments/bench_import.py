@@ -26,6 +26,8 @@ from absl import app
 from absl import flags
 from safetensors.numpy import save_file
 
+from cascade_jax import utils
+
 _DIR = flags.DEFINE_string('dir', '/tmp/bench_import', 'Where the synthetic '
                            'checkpoint and the runs go.')
 _LAYERS = flags.DEFINE_integer('layers', 12, 'Decoder layers (~210 MB each).')
@@ -202,7 +204,8 @@ def main(argv):
           f"{r['gb_per_s']:.3f} |")
   with open(os.path.join(_DIR.value, 'results.json'), 'w') as f:
     json.dump(dict(checkpoint_bytes=size, rows=rows, export_seconds=export_s,
-                   round_trip_bit_equal=equal), f, indent=2)
+                   round_trip_bit_equal=equal, **utils.provenance()), f,
+              indent=2)
 
 
 if __name__ == '__main__':
