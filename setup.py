@@ -22,6 +22,10 @@ setuptools.setup(
         'absl-py>=2.0',
         'numpy>=1.26',
         'safetensors>=0.4',
+        'ml-dtypes>=0.4',          # bf16 safetensors read without torch
+        # Hugging Face checkpoints' tokenizers and chat templates.
+        'tokenizers>=0.20',
+        'jinja2>=3.1',
         'math-verify>=0.7',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',

@@ -76,6 +76,11 @@ SOURCES = {
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # Start from a run's weights and tokenizer instead of a new model: a run
+  # directory (e.g. one experiments.import_hf wrote), or 'hf:DIR', a Hugging
+  # Face checkpoint imported into this run's `imported/` first. '' builds
+  # `model` from scratch with a sentencepiece tokenizer trained here.
+  c.init_from = ''
   c.model = ml_collections.ConfigDict(dict(
       preset='small', overrides=ml_collections.ConfigDict(
           {'vocab_size': 1024, 'pattern': '*E*E'})))

@@ -23,6 +23,7 @@ torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 
 from cascade_jax import checkpoint  # pylint: disable=g-import-not-at-top
+from cascade_jax.data import load_hf_tokenizer  # pylint: disable=g-import-not-at-top
 from cascade_jax import sharding  # pylint: disable=g-import-not-at-top
 from cascade_jax import train  # pylint: disable=g-import-not-at-top
 
@@ -238,3 +239,38 @@ def test_export_of_an_import_is_the_checkpoint_bit_for_bit(on_mesh, tmp_path):
   load = transformers.Qwen3MoeForCausalLM.from_pretrained
   np.testing.assert_array_equal(_hf_logits(load(out).eval(), _tokens()),
                                 _hf_logits(load(src).eval(), _tokens()))
+
+
+def test_sft_starts_from_a_transformers_checkpoint(tmp_path):
+  """`hf:DIR` as the SFT stage's init_from: imported into the stage
+  (weights, the BPE tokenizer, its chat template and stop ids), then
+  trained on chat data encoded by that template; the stage restores like
+  any run, with the tokenizer a later stage inherits."""
+  from cascade_jax import sft  # pylint: disable=g-import-not-at-top
+  from configs import sft as sft_config  # pylint: disable=g-import-not-at-top
+  import _hf_fixtures  # pylint: disable=g-import-not-at-top
+  src = str(tmp_path / 'hf')
+  n = load_hf_tokenizer(_hf_fixtures.write_tokenizer(src)).vocab_size
+  torch.manual_seed(0)
+  cfg = transformers.Qwen3MoeConfig(
+      vocab_size=n + 20, hidden_size=32, intermediate_size=48,
+      moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+      norm_topk_prob=True, max_position_embeddings=1024)
+  transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(src)
+  c = sft_config.get_config('quick')
+  c.mesh = type(c.mesh)({})
+  c.init_from = f'hf:{src}'
+  c.steps, c.eval_n, c.log_every = 4, 0, 2
+  # The test BPE has 35 merges: its records are 2-3x the sentencepiece length.
+  c.data.seq_len, c.data.too_long = 1024, 'skip'
+  run = tmp_path / 'sft'
+  sft.run(c, str(run))
+  assert (run / 'imported' / 'checkpoints').is_dir()
+  assert (run / 'hf_tokenizer' / 'tokenizer.json').exists()
+  assert json.load(open(run / 'model.json'))['preset'] == 'qwen3_30b_a3b'
+  rows = [json.loads(l) for l in open(run / 'sft_metrics.jsonl')]
+  assert rows[-1]['step'] == 4 and all(np.isfinite(r['loss']) for r in rows)
+  cfg2, _, tok = train.restore_run(str(run))
+  assert cfg2.vocab_size == n + 20 and tok.vocab_size == n
+  assert tok.stop_ids[0] == tok.im_end

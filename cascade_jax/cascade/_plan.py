@@ -58,6 +58,11 @@ def _model_choice(config) -> dict | None:
   return models[name]
 
 
+def _is_run_path(init: str) -> bool:
+  """An SFT stage's init_from that names no stage: 'hf:DIR' or a path."""
+  return init.startswith('hf:') or '/' in init
+
+
 def plan(config: ml_collections.ConfigDict) -> list[Stage]:
   """Checks the cascade and resolves every stage's starting point."""
   names = [n.strip() for n in config.order.split(',') if n.strip()]
@@ -82,6 +87,8 @@ def plan(config: ml_collections.ConfigDict) -> list[Stage]:
     init = spec.get('init_from') or main_line
     if kind == 'sft' and not spec.get('init_from'):
       init = ''
+    elif kind == 'sft' and init not in earlier and _is_run_path(init):
+      pass      # a run directory (an import) or 'hf:DIR'
     elif not init:
       raise ValueError(f'cascade stage {name!r} ({kind}) has nothing to start '
                        'from: put an SFT stage first or set init_from')

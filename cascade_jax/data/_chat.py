@@ -14,6 +14,17 @@ environment's messages (role `tool` or `user`) and a new assistant turn:
 
 Each piece is tokenised on its own (`encode_observation`), in SFT as in
 rollouts, so the tokens a model trains on are the tokens it samples after.
+
+A Hugging Face tokenizer (`HFTokenizer`) brings its checkpoint's own chat
+template instead: the prompt is the template's rendering with the
+generation prompt (transformers' `apply_chat_template(messages,
+add_generation_prompt=True)`, token for token); a reply is what the
+template writes for the assistant message after that prompt, through its
+stop token; an observation is what it writes after the last stop token,
+with the environment's contents (untrusted) encoded as plain text, never as
+special tokens. Templates that re-render history (Qwen3 drops earlier
+<think> blocks) are used only for what is new at each turn: the episode
+keeps every token as sampled.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cascade_jax.data._hf_tokenizer import HFTokenizer
 from cascade_jax.data._tokenizer import IM_END
 from cascade_jax.data._tokenizer import IM_START
 from cascade_jax.data._tokenizer import Tokenizer
@@ -37,6 +49,8 @@ def render_prompt(messages: Sequence[dict]) -> str:
 
 
 def encode_prompt(tok: Tokenizer, messages: Sequence[dict]) -> list[int]:
+  if isinstance(tok, HFTokenizer):
+    return tok.encode(tok.prompt_text(messages))
   return tok.encode(render_prompt(messages))
 
 
@@ -46,8 +60,39 @@ def render_observation(messages: Sequence[dict]) -> str:
   return '\n' + render_prompt(messages)
 
 
-def encode_observation(tok: Tokenizer, messages: Sequence[dict]) -> list[int]:
-  return tok.encode(render_observation(messages))
+# The turn an observation follows, for templates that need one before it.
+_BEFORE_OBSERVATION = ({'role': 'user', 'content': 'x'},
+                       {'role': 'assistant', 'content': 'x'})
+
+
+def encode_observation(tok: Tokenizer, messages: Sequence[dict], *,
+                       history: Sequence[dict] = _BEFORE_OBSERVATION
+                       ) -> list[int]:
+  """The tokens after an assistant turn's stop token: the environment's
+  `messages`, then the next assistant turn's opening."""
+  if not isinstance(tok, HFTokenizer):
+    return tok.encode(render_observation(messages))
+  # The template's text around placeholder contents, the contents (tool
+  # output: untrusted) encoded as plain text between its pieces.
+  marks = [f'\x00{i}\x00' for i in range(len(messages))]
+  text = tok.observation_text(
+      history, [dict(m, content=k) for m, k in zip(messages, marks)])
+  ids = []
+  for m, k in zip(messages, marks):
+    head, sep, text = text.partition(k)
+    if not sep:
+      raise ValueError(f'{tok.directory}: the chat template does not write '
+                       f"a {m['role']} message's content as it is")
+    ids += tok.encode(head) + tok.encode_text(m['content'])
+  return ids + tok.encode(text)
+
+
+def _reply(tok: Tokenizer, history: Sequence[dict], content: str) -> list[int]:
+  """An assistant reply's tokens, through the end of its turn."""
+  if isinstance(tok, HFTokenizer):
+    return tok.encode(tok.reply_text(history, {'role': 'assistant',
+                                               'content': content}))
+  return tok.encode(content) + [tok.im_end]
 
 
 def encode_conversation(tok: Tokenizer, messages: Sequence[dict],
@@ -66,19 +111,24 @@ def encode_conversation(tok: Tokenizer, messages: Sequence[dict],
     raise ValueError('a conversation ends with an assistant turn')
   ids = encode_prompt(tok, messages)
   learn = [0] * len(ids)
-  pending: list[dict] = []
+  history, pending = list(messages), []
   for m in turns:
     if m['role'] != 'assistant':
       pending.append(m)
       continue
     if pending:
+      # Rendered after a stand-in turn, not the real history: a template
+      # that re-renders history (Qwen3 drops <think> blocks before the last
+      # user message) would otherwise change tokens already written.
       obs = encode_observation(tok, pending)
       ids += obs
       learn += [0] * len(obs)
+      history += pending
       pending = []
-    reply = tok.encode(m['content']) + [tok.im_end]
+    reply = _reply(tok, history, m['content'])
     ids += reply
     learn += [1] * len(reply)
+    history.append(m)
   ids, mask = np.asarray(ids, np.int32), np.asarray(learn, np.int32)
   if loss_on == 'all':
     mask[:] = 1
@@ -95,7 +145,7 @@ def encode_example(tok: Tokenizer, messages: Sequence[dict], response: str,
   if loss_on not in LOSS_ON:
     raise ValueError(f'loss_on must be one of {LOSS_ON}, got {loss_on!r}')
   prompt = encode_prompt(tok, messages)
-  answer = tok.encode(response) + [tok.im_end]
+  answer = _reply(tok, messages, response)
   ids = np.asarray(prompt + answer, np.int32)
   mask = np.zeros(len(ids), np.int32)
   mask[len(prompt):] = 1

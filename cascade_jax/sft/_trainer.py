@@ -127,8 +127,18 @@ def eval_sets(config) -> dict[str, list[dict]]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (or resumes) an SFT run in `workdir`; returns the final scores."""
   setup = train.Setup.create(config, workdir, name='sft')
-  cfg, model = setup.new_model(config.model.to_dict(), config.seed)
-  tok = _main_first(lambda: tokenizer_for(config, workdir, cfg.vocab_size))
+  init = config.get('init_from', '')
+  if init.startswith('hf:'):       # a Hugging Face checkpoint: import first
+    run = os.path.join(workdir, 'imported')
+    if not os.path.isdir(os.path.join(run, 'checkpoints')):
+      train.import_hf(setup.path(init[len('hf:'):]), run, ctx=setup.ctx)
+    init = run
+  init = setup.path(init)
+  if init:
+    cfg, model, tok = setup.restore(init, record=True)
+  else:
+    cfg, model = setup.new_model(config.model.to_dict(), config.seed)
+    tok = _main_first(lambda: tokenizer_for(config, workdir, cfg.vocab_size))
   oc = train.OptimConfig(**config.optim.to_dict())
   opt = train.make_optimizer(oc)
   graph, state = setup.init_state(model, opt)

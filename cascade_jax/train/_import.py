@@ -8,8 +8,8 @@ hold), and writes what any stage restores (`restore_run`, `init_from`):
 
   config.json   the import's settings and where the weights came from
   model.json    the model as a preset + overrides
-  hf_tokenizer/ the checkpoint's tokenizer files, copied as they are
-  tokenizer.model  a sentencepiece model, when the checkpoint ships one
+  hf_tokenizer/ the checkpoint's tokenizer files (tokenizer.json, its
+                chat template, generation_config.json), as they are
   checkpoints/0 the weights (`params`, `rest`), in the stacked layout
 """
 
@@ -24,8 +24,10 @@ from absl import logging
 from flax import nnx
 
 from cascade_jax import checkpoint
+from cascade_jax import data
 from cascade_jax import model as model_lib
 from cascade_jax.train import _setup
+from cascade_jax.train._restore import HF_TOKENIZER
 
 # Files a Hugging Face checkpoint ships its tokenizer and chat template in.
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json',
@@ -77,16 +79,16 @@ def import_hf(hf_dir: str, run_dir: str, *, ctx=None, dtype: str = '',
   copied = [n for n in TOKENIZER_FILES
             if os.path.exists(os.path.join(hf_dir, n))]
   if main and copied:
-    os.makedirs(os.path.join(run_dir, 'hf_tokenizer'), exist_ok=True)
+    os.makedirs(os.path.join(run_dir, HF_TOKENIZER), exist_ok=True)
     for n in copied:
       shutil.copy(os.path.join(hf_dir, n),
-                  os.path.join(run_dir, 'hf_tokenizer', n))
-  if main and 'tokenizer.model' in copied:
-    shutil.copy(os.path.join(hf_dir, 'tokenizer.model'),
-                os.path.join(run_dir, 'tokenizer.model'))
-  if 'tokenizer.json' not in copied and 'tokenizer.model' not in copied:
-    logging.warning('%s has no tokenizer files: imported the weights alone',
+                  os.path.join(run_dir, HF_TOKENIZER, n))
+  if 'tokenizer.json' not in copied:
+    logging.warning('%s has no tokenizer.json: imported the weights alone',
                     hf_dir)
+  elif main:
+    tok = data.load_hf_tokenizer(os.path.join(run_dir, HF_TOKENIZER))
+    data.check_vocab(tok, cfg.vocab_size)
   _, params, rest = nnx.split(model, nnx.Param, ...)
   # 0.25 GB in flight: the save's host copies stay a small part of the
   # model (Orbax's default, 96 GB, copied every array at once: +0.6 x the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 from absl import logging
 
@@ -13,6 +14,10 @@ from cascade_jax import checkpoint
 from cascade_jax import data
 from cascade_jax import model as model_lib
 from cascade_jax.train._state import model_config
+
+# Where a run keeps a Hugging Face tokenizer's files (tokenizer.json, its
+# config and chat template, generation_config.json).
+HF_TOKENIZER = 'hf_tokenizer'
 
 
 def restore_run(run_dir: str, *, ctx=None, memory: dict | None = None):
@@ -42,14 +47,35 @@ def model_shell(run_dir: str, *, ctx=None, memory: dict | None = None):
   cfg = model_config(m['preset'], m.get('overrides') or {})
   cfg = cfg.replace(**dict(memory or {}))
   model = abstract_model(cfg, ctx)
-  path = os.path.join(run_dir, 'tokenizer.model')
-  if not os.path.exists(path):   # e.g. an import of weights alone
-    logging.warning('%s has no tokenizer.model: restored without a '
-                    'tokenizer', run_dir)
+  tok = run_tokenizer(run_dir)
+  if tok is None:   # e.g. an import of weights alone
+    logging.warning('%s has no tokenizer (tokenizer.model or hf_tokenizer/):'
+                    ' restored without one', run_dir)
     return cfg, model, None
-  tok = data.load_tokenizer(path)
   data.check_vocab(tok, cfg.vocab_size)
   return cfg, model, tok
+
+
+def run_tokenizer(run_dir: str):
+  """A run's tokenizer: `hf_tokenizer/` (a Hugging Face tokenizer.json and
+  chat template, from an import) or `tokenizer.model` (sentencepiece);
+  None when it has neither."""
+  hf = os.path.join(run_dir, HF_TOKENIZER)
+  if os.path.exists(os.path.join(hf, 'tokenizer.json')):
+    return data.load_hf_tokenizer(hf)
+  path = os.path.join(run_dir, 'tokenizer.model')
+  return data.load_tokenizer(path) if os.path.exists(path) else None
+
+
+def copy_tokenizer(src_run: str, dst_run: str) -> None:
+  """Copies a run's tokenizer files into another run directory."""
+  hf = os.path.join(src_run, HF_TOKENIZER)
+  if os.path.isdir(hf):
+    shutil.copytree(hf, os.path.join(dst_run, HF_TOKENIZER),
+                    dirs_exist_ok=True)
+  path = os.path.join(src_run, 'tokenizer.model')
+  if os.path.exists(path):
+    shutil.copy(path, os.path.join(dst_run, 'tokenizer.model'))
 
 
 def abstract_model(cfg, ctx=None) -> model_lib.Transformer:

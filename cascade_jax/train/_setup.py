@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 
 import jax
 import ml_collections
@@ -165,13 +164,13 @@ class Setup:
                                            memory=self.memory)
     if tok is None:
       raise ValueError(
-          f'{self.name}: {run_dir} has no tokenizer.model, and stages need '
-          'one (a Hugging Face tokenizer.json is not read yet: issue 30)')
+          f'{self.name}: {run_dir} has no tokenizer (tokenizer.model or '
+          'hf_tokenizer/tokenizer.json), and a stage needs one: import the '
+          'checkpoint with its tokenizer files')
     if record:
       write_model_json(self.workdir, _restore.model_spec(run_dir))
       if is_main_process():
-        shutil.copy(os.path.join(run_dir, 'tokenizer.model'),
-                    os.path.join(self.workdir, 'tokenizer.model'))
+        _restore.copy_tokenizer(run_dir, self.workdir)
     return cfg, model, tok
 
   # ---------------------------------------------------- data and state
