@@ -48,27 +48,10 @@ def _qwen3(dtype=torch.float32):
 
 
 def _nemotron():
-  torch.manual_seed(0)
-  cfg = transformers.NemotronHConfig(
-      vocab_size=VOCAB, hidden_size=32,
-      layers_block_type=['linear_attention', 'moe', 'full_attention', 'moe'] * 2,
-      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-      intermediate_size=48, mamba_num_heads=4, mamba_head_dim=8,
-      ssm_state_size=8, n_groups=2, conv_kernel=4, chunk_size=8,
-      n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-      moe_shared_expert_intermediate_size=24, routed_scaling_factor=2.5,
-      initializer_range=0.2, eos_token_id=VOCAB + 1, pad_token_id=0)
-  m = transformers.NemotronHForCausalLM(cfg).eval()
-  with torch.no_grad():
-    for name, p in m.named_parameters():
-      if name.endswith(('norm.weight', 'norm_f.weight')):
-        p.uniform_(0.5, 1.5)
-      elif name.endswith(('mixer.D', 'conv1d.bias', 'A_log')):
-        p.uniform_(-1.0, 1.0)
-    for mod in m.modules():
-      if hasattr(mod, 'e_score_correction_bias'):
-        mod.e_score_correction_bias.uniform_(-0.1, 0.1)
-  return m
+  import test_hf_nemotron_h  # pylint: disable=g-import-not-at-top
+  return test_hf_nemotron_h._hf_model(  # pylint: disable=protected-access
+      layers_block_type=['linear_attention', 'moe', 'full_attention',
+                         'moe'] * 2, n_routed_experts=8)
 
 
 def _save(m, path):
