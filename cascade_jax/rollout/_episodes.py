@@ -102,10 +102,13 @@ def _fit_observation(tok, messages, limit: int) -> list[int]:
   while len(ids) > limit:
     longest = max(messages, key=lambda m: len(m['content']))
     text = longest['content']
-    if len(text) <= 8:
+    cut = text[:int(len(text) * 0.75)] + ' [cut]'
+    if len(cut) >= len(text):   # short contents: the marker outgrows the cut
       raise ValueError(f'episodes.max_observation_tokens={limit} is too '
-                       'small for the chat template around an observation')
-    longest['content'] = text[:int(len(text) * 0.75)] + ' [cut]'
+                       'small for the chat template around an observation '
+                       f'({len(ids)} tokens with contents of at most '
+                       f'{len(text)} characters)')
+    longest['content'] = cut
     ids = data.encode_observation(tok, messages)
   return ids
 
