@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
+
 from cascade_jax.checkpoint import _hf_nemotron_h
 from cascade_jax.checkpoint import _hf_qwen3
 from cascade_jax.checkpoint._hf_qwen3 import read_config
-from cascade_jax.checkpoint._hf_stream import as_dtype
+from cascade_jax.checkpoint._safetensors import DTYPES
 from cascade_jax.checkpoint._safetensors import FLOAT_DTYPES
 from cascade_jax.checkpoint._safetensors import Files
 
@@ -24,7 +26,7 @@ def checkpoint_dtype(files: Files) -> str:
       size[t.dtype] += t.nbytes
   if not size:
     raise ValueError(f'{files.path}: no floating-point tensors')
-  return as_dtype(size.most_common(1)[0][0]).name
+  return np.dtype(DTYPES[size.most_common(1)[0][0]]).name
 
 
 def load_hf(path: str, *, dtype: str = '', dispatch: str = 'dropless',

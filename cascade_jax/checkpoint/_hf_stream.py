@@ -25,7 +25,6 @@ import os
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -207,8 +206,14 @@ def check(files: Files, sources: dict[tuple, Source], model_shapes: dict,
                      f'{uncovered[:5]}')
 
 
-def _path_key(path) -> tuple:
-  return tuple(getattr(e, 'key', getattr(e, 'idx', e)) for e in path)
+_is_var = lambda x: isinstance(x, nnx.Variable)
+
+
+def _variables(state) -> tuple[dict[tuple, nnx.Variable], Any]:
+  """({variable path as a tuple of keys: Variable}, the state's treedef)."""
+  flat, treedef = jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_var)
+  return {tuple(getattr(e, 'key', getattr(e, 'idx', e)) for e in p): v
+          for p, v in flat}, treedef
 
 
 def load(files: Files, sources: dict[tuple, Source], model: nnx.Module, *,
@@ -220,9 +225,7 @@ def load(files: Files, sources: dict[tuple, Source], model: nnx.Module, *,
   variable's dtype and placed before the next is read.
   """
   graph, state = nnx.split(model)
-  flat = dict(jax.tree_util.tree_flatten_with_path(
-      state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0])
-  leaves = {_path_key(p): v for p, v in flat.items()}
+  leaves, treedef = _variables(state)
   check(files, sources, {k: v.shape for k, v in leaves.items()},
         ignored=ignored)
   device = jax.devices()[0]
@@ -241,18 +244,8 @@ def load(files: Files, sources: dict[tuple, Source], model: nnx.Module, *,
     return var.replace(
         jax.make_array_from_single_device_arrays(shape, sharding, shards))
 
-  for path, var in leaves.items():
-    leaves[path] = make(var, sources[path])
-  new_state = jax.tree_util.tree_unflatten(
-      jax.tree_util.tree_structure(
-          state, is_leaf=lambda x: isinstance(x, nnx.Variable)),
-      [leaves[_path_key(p)] for p in flat])
-  return nnx.merge(graph, new_state)
-
-
-def as_dtype(name: str) -> jnp.dtype:
-  return jnp.dtype({'BF16': 'bfloat16', 'F16': 'float16', 'F32': 'float32',
-                    'F64': 'float64'}.get(name, name))
+  filled = [make(var, sources[path]) for path, var in leaves.items()]
+  return nnx.merge(graph, jax.tree_util.tree_unflatten(treedef, filled))
 
 
 def _natural(name: str):
@@ -280,9 +273,7 @@ def save(sources: dict[tuple, Source], model: nnx.Module, path: str, *,
   devices (a jitted slice of one layer / expert), written, and dropped:
   host memory holds about one tensor. `aliases`: tensors written again
   under another name (a tied output head). Returns the files written."""
-  flat = dict(jax.tree_util.tree_flatten_with_path(
-      nnx.state(model), is_leaf=lambda x: isinstance(x, nnx.Variable))[0])
-  arrays = {_path_key(p): v.get_value() for p, v in flat.items()}
+  arrays = {k: v.get_value() for k, v in _variables(nnx.state(model))[0].items()}
   parts: dict[str, list] = {}
   for ours, src in sources.items():
     for lead in np.ndindex(src.pieces.shape):
