@@ -202,6 +202,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ~33-44 s, measured on 2026-12-01); their RL changes are large
   # (+0.27-0.36) against two paired standard errors of ~0.06-0.08 at 128.
   c.eval_n_episodes = 8 if quick else 128
+  # Multi-turn episode limits for the evaluation and for every RL stage
+  # that does not set its own (rl.max_turns, rl.max_observation_tokens,
+  # rl.max_episode_tokens); 0 keeps each domain's. The domains' limits count
+  # the tiny job's sentencepiece tokens: a checkpoint's own tokenizer and
+  # chat template (an import) may need more, e.g. Qwen3's wraps a tool's
+  # output in ~20 tokens of turn markers.
+  c.episodes = ml_collections.ConfigDict(dict(
+      max_turns=0, max_observation_tokens=0, max_tokens=0))
   # The policy as RL trains it: pass@1 at the sampling temperature, the mean
   # over 2 samples per prompt (greedy decoding hides most of what RL does at
   # this size: it moves probability mass before it flips the argmax).

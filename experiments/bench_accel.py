@@ -117,7 +117,7 @@ def decode_rows(c) -> list[list]:
       sc = rollout.SampleConfig(max_new_tokens=n, temperature=0.0,
                                 prompt_bucket=c.decode.prompt_len)
       run = lambda sc=sc: np.asarray(rollout.generate(
-          m, prompts.tolist(), cfg=sc, stop_id=-1).tokens)
+          m, prompts.tolist(), cfg=sc, stop_ids=-1).tokens)
       run()  # compile
       ts = []
       for _ in range(c.repeats):

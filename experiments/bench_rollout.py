@@ -57,7 +57,7 @@ def main(argv):
       sc = rollout.SampleConfig(max_new_tokens=new_tokens, temperature=0.0,
                                 prompt_bucket=c.prompt_len)
       return lambda: np.asarray(rollout.generate(
-          ours, prompts.tolist(), cfg=sc, stop_id=-1).tokens)
+          ours, prompts.tolist(), cfg=sc, stop_ids=-1).tokens)
 
     def hf_run():
       with torch.no_grad():

@@ -130,7 +130,7 @@ def test_greedy_generation_matches_transformers(hf_dir):
       model, [list(prompt[0])],
       cfg=rollout.SampleConfig(max_new_tokens=12, temperature=0.0,
                                prompt_bucket=8),
-      stop_id=VOCAB + 1 if VOCAB + 1 < cfg.vocab_size else -1)
+      stop_ids=VOCAB + 1 if VOCAB + 1 < cfg.vocab_size else -1)
   np.testing.assert_array_equal(np.asarray(out.tokens[0]), want)
 
 

@@ -140,7 +140,7 @@ def test_sampler_logprobs_equal_a_full_forward_pass():
   prompts = [list(range(5, 5 + n)) for n in (3, 40, 17, 9)]
   sc = rollout.SampleConfig(max_new_tokens=20, temperature=1.0,
                             prompt_bucket=16)
-  out = rollout.generate(m, prompts, cfg=sc, stop_id=-1,
+  out = rollout.generate(m, prompts, cfg=sc, stop_ids=-1,
                          key=jax.random.key(0), record_experts=True)
   fwd = _jit(model.Transformer(cfg.replace_moe(dispatch='dropless'),
                                rngs=nnx.Rngs(0)))
@@ -290,12 +290,12 @@ def test_sharded_sampler_equals_single_device():
   prompts = [[5, 6, 7][: 1 + i % 3] + [9] * (i % 2) for i in range(8)]
   sc = rollout.SampleConfig(max_new_tokens=6, temperature=1.0, prompt_bucket=4)
   ref = rollout.generate(model.Transformer(cfg, rngs=nnx.Rngs(0)), prompts,
-                         cfg=sc, stop_id=-1, key=jax.random.key(3))
+                         cfg=sc, stop_ids=-1, key=jax.random.key(3))
   ctx = sharding.ShardingCtx(sharding.make_mesh(
       MESHES['data2_expert2_tensor2']))
   m = sharding.shard_model(model.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx),
                            ctx)
-  out = rollout.generate(m, prompts, cfg=sc, stop_id=-1, key=jax.random.key(3))
+  out = rollout.generate(m, prompts, cfg=sc, stop_ids=-1, key=jax.random.key(3))
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
 

@@ -24,6 +24,7 @@ transformers = pytest.importorskip('transformers')
 
 from cascade_jax import checkpoint  # pylint: disable=g-import-not-at-top
 from cascade_jax.data import load_hf_tokenizer  # pylint: disable=g-import-not-at-top
+from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
 from cascade_jax import sharding  # pylint: disable=g-import-not-at-top
 from cascade_jax import train  # pylint: disable=g-import-not-at-top
 
@@ -115,6 +116,18 @@ def test_import_run_on_a_mesh_matches_transformers(arch, qwen3_dir,
   want = _hf_logits(hf_model, _tokens())
   np.testing.assert_allclose(_logits(restored, _tokens()), want, atol=1e-4,
                              rtol=0)
+  # Greedy generation on the mesh (the sampler's cache and decode path)
+  # is transformers' greedy choice, by full forwards, token for token.
+  prompts = _tokens(13)
+  seq = torch.tensor(prompts)
+  with torch.no_grad():
+    for _ in range(10):
+      nxt = hf_model(seq).logits[:, -1].argmax(-1, keepdim=True)
+      seq = torch.cat([seq, nxt], 1)
+  out = rollout.generate(
+      restored, prompts.tolist(), cfg=rollout.SampleConfig(
+          max_new_tokens=10, temperature=0.0, prompt_bucket=8), stop_ids=())
+  np.testing.assert_array_equal(np.asarray(out.tokens), seq.numpy()[:, 13:])
 
 
 def test_bf16_checkpoint_keeps_its_dtype(tmp_path):
@@ -257,3 +270,43 @@ def test_sft_starts_from_a_transformers_checkpoint(tmp_path):
   cfg2, _, tok = train.restore_run(str(run))
   assert cfg2.vocab_size == n + 20 and tok.vocab_size == n
   assert tok.stop_ids[0] == tok.im_end
+
+
+@pytest.mark.slow   # ~100 s: a quick cascade (SFT, IF-RL, every domain scored)
+def test_quick_cascade_starts_from_a_transformers_checkpoint(tmp_path):
+  """The cascade from `hf:DIR`: SFT imports it (weights, BPE tokenizer, chat
+  template, stop ids), IF-RL starts from the SFT stage with its tokenizer,
+  and every domain, multi-turn episodes included, is scored after each stage.
+  The learner scores exactly what the sampler drew, through the template."""
+  from cascade_jax import cascade  # pylint: disable=g-import-not-at-top
+  from configs import cascade as cascade_config  # pylint: disable=g-import-not-at-top
+  import _hf_fixtures  # pylint: disable=g-import-not-at-top
+  src = str(tmp_path / 'hf')
+  n = load_hf_tokenizer(_hf_fixtures.write_tokenizer(src)).vocab_size
+  torch.manual_seed(0)
+  cfg = transformers.Qwen3MoeConfig(
+      vocab_size=n + 20, hidden_size=32, intermediate_size=48,
+      moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+      norm_topk_prob=True, max_position_embeddings=4096)
+  transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(src)
+  c = cascade_config.get_config('quick')
+  c.mesh = type(c.mesh)({})
+  c.order = 'sft,if_rl'
+  c.stages.sft.init_from = f'hf:{src}'
+  # The test BPE has 35 merges: texts are 2-3x their sentencepiece length,
+  # and the template's turn markers around an observation alone outgrow
+  # tool_use's 32-token observations.
+  c.stages.sft.data.seq_len, c.stages.sft.data.too_long = 1024, 'skip'
+  c.episodes.max_observation_tokens, c.episodes.max_tokens = 160, 1536
+  work = tmp_path / 'run'
+  records = cascade.run(c, str(work))
+  assert [r['name'] for r in records] == ['sft', 'if_rl']
+  assert records[1]['init_from'] == 'sft'
+  for r in records:
+    assert r['scores'] and all(s['n'] > 0 for s in r['scores'].values())
+  multi = [d for d in records[0]['scores'] if d in ('tool_use', 'swe_agent')]
+  assert multi, 'no multi-turn domain was scored'
+  assert (work / 'if_rl' / 'hf_tokenizer' / 'tokenizer.json').exists()
+  rows = [json.loads(l) for l in open(work / 'if_rl' / 'rl_metrics.jsonl')]
+  assert rows and max(r['sampler_mismatch_max'] for r in rows) <= 1e-5

@@ -50,7 +50,7 @@ def _forward_logprobs(m, prompts, out, cfg):
 def test_sampler_logprobs_equal_a_full_forward_pass(policy, sample):
   cfg = rollout.SampleConfig(max_new_tokens=10, prompt_bucket=8, **sample)
   prompts = _prompts([3, 7, 12, 1]) * 2          # two samples per prompt
-  out = rollout.generate(policy, prompts, cfg=cfg, stop_id=STOP,
+  out = rollout.generate(policy, prompts, cfg=cfg, stop_ids=STOP,
                          key=jax.random.key(1))
   for i, ref in enumerate(_forward_logprobs(policy, prompts, out, cfg)):
     n = len(ref)
@@ -62,7 +62,7 @@ def test_stop_tokens_masks_and_truncation(policy):
   cfg = rollout.SampleConfig(max_new_tokens=6, temperature=1.0, prompt_bucket=4)
   prompts = _prompts([2, 5, 9, 4, 6, 3, 8, 1])
   # Stop on the most likely first token of some rows, so both cases occur.
-  out = rollout.generate(policy, prompts, cfg=cfg, stop_id=STOP, pad_id=0,
+  out = rollout.generate(policy, prompts, cfg=cfg, stop_ids=STOP, pad_id=0,
                          key=jax.random.key(0))
   toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
   for row, m, cut in zip(toks, mask, np.asarray(out.truncated)):
@@ -79,9 +79,9 @@ def test_stop_tokens_masks_and_truncation(policy):
 def test_greedy_picks_the_argmax_and_ignores_the_key(policy):
   cfg = rollout.SampleConfig(max_new_tokens=5, temperature=0.0)
   prompts = _prompts([4, 9])
-  a = rollout.generate(policy, prompts, cfg=cfg, stop_id=-1,
+  a = rollout.generate(policy, prompts, cfg=cfg, stop_ids=-1,
                        key=jax.random.key(0))
-  b = rollout.generate(policy, prompts, cfg=cfg, stop_id=-1,
+  b = rollout.generate(policy, prompts, cfg=cfg, stop_ids=-1,
                        key=jax.random.key(7))
   np.testing.assert_array_equal(a.tokens, b.tokens)
   for i, p in enumerate(prompts):
@@ -90,11 +90,48 @@ def test_greedy_picks_the_argmax_and_ignores_the_key(policy):
         jnp.argmax(logits[0, len(p) - 1:-1], -1), a.tokens[i])
 
 
+def _first_stop(row, stops):
+  hits = [j for j, t in enumerate(row) if t in stops]
+  return hits[0] + 1 if hits else len(row)
+
+
+def test_several_stop_ids_end_a_reply_at_the_first_of_any(policy):
+  # Qwen3 ends a turn at <|im_end|> or <|endoftext|>. Greedy, so a row's
+  # tokens do not depend on where the others stop: pick two ids from the
+  # unstopped replies, then each row must end at its first of either.
+  cfg = rollout.SampleConfig(max_new_tokens=8, temperature=0.0)
+  prompts = _prompts([4, 9, 6, 2], seed=3)
+  free = np.asarray(rollout.generate(policy, prompts, cfg=cfg,
+                                     stop_ids=()).tokens)
+  stops = (int(free[0, 2]), int(free[1, 5]))
+  out = rollout.generate(policy, prompts, cfg=cfg, stop_ids=stops)
+  turn = rollout.Conversation(policy, prompts, cfg=cfg, max_slots=32,
+                              stop_ids=stops, prompt_width=9).generate(
+                                  np.ones(len(prompts), bool),
+                                  jax.random.key(0))
+  ends = [_first_stop(row, stops) for row in free]
+  assert ends[0] <= 3 and ends[1] <= 6
+  for got in (out, turn):
+    mask = np.asarray(got.mask)
+    np.testing.assert_array_equal(mask.sum(1), ends)
+    for i, n in enumerate(ends):
+      np.testing.assert_array_equal(np.asarray(got.tokens)[i, :n],
+                                    free[i, :n])
+  np.testing.assert_array_equal(
+      np.asarray(out.truncated), [e == 8 and free[i, 7] not in stops
+                                  for i, e in enumerate(ends)])
+  np.testing.assert_array_equal(turn.stopped, ~np.asarray(out.truncated))
+  # One stop id equals the old single-id call.
+  one = rollout.generate(policy, prompts, cfg=cfg, stop_ids=stops[0])
+  np.testing.assert_array_equal(np.asarray(one.mask).sum(1),
+                                [_first_stop(r, stops[:1]) for r in free])
+
+
 def test_recorded_experts_are_the_forward_pass_routing(policy):
   cfg = rollout.SampleConfig(max_new_tokens=5, temperature=1.0,
                              prompt_bucket=8)
   prompts = _prompts([8, 8])                     # no padding: same positions
-  out = rollout.generate(policy, prompts, cfg=cfg, stop_id=-1,
+  out = rollout.generate(policy, prompts, cfg=cfg, stop_ids=-1,
                          record_experts=True)
   seq = jnp.concatenate([jnp.asarray(prompts), out.tokens], 1)
   _, info = policy(seq)
@@ -105,20 +142,20 @@ def test_recorded_experts_are_the_forward_pass_routing(policy):
 
 def test_compiles_once_per_shape_bucket(policy):
   cfg = rollout.SampleConfig(max_new_tokens=4, prompt_bucket=16)
-  rollout.generate(policy, _prompts([3, 5]), cfg=cfg, stop_id=STOP)
+  rollout.generate(policy, _prompts([3, 5]), cfg=cfg, stop_ids=STOP)
   before = rollout.trace_count()
   for seed, lengths in enumerate([[1, 16], [7, 2], [16, 9]]):
-    rollout.generate(policy, _prompts(lengths, seed), cfg=cfg, stop_id=STOP,
+    rollout.generate(policy, _prompts(lengths, seed), cfg=cfg, stop_ids=STOP,
                      key=jax.random.key(seed))
   assert rollout.trace_count() == before       # same (2, 16) bucket
-  rollout.generate(policy, _prompts([17, 2]), cfg=cfg, stop_id=STOP)
+  rollout.generate(policy, _prompts([17, 2]), cfg=cfg, stop_ids=STOP)
   assert rollout.trace_count() == before + 1   # the next bucket compiles
 
 
 def test_empty_prompt_is_refused(policy):
   with pytest.raises(ValueError, match='at least one token'):
     rollout.generate(policy, [[5], []], cfg=rollout.SampleConfig(),
-                     stop_id=STOP)
+                     stop_ids=STOP)
 
 
 def test_token_choice_is_argmax_and_categorical_exactly():
@@ -160,12 +197,12 @@ def test_a_reused_cache_leaves_no_trace(policy):
                              prompt_bucket=8)
   first, second = _prompts([8, 3, 5], seed=1), _prompts([2, 8, 6], seed=2)
   _sampler._CACHE_POOL.clear()
-  fresh = rollout.generate(policy, second, cfg=cfg, stop_id=STOP,
+  fresh = rollout.generate(policy, second, cfg=cfg, stop_ids=STOP,
                            record_experts=True)
-  rollout.generate(policy, first, cfg=cfg, stop_id=STOP)
+  rollout.generate(policy, first, cfg=cfg, stop_ids=STOP)
   if jax.default_backend() == 'cpu':
     assert len(_sampler._CACHE_POOL) == 1
-  again = rollout.generate(policy, second, cfg=cfg, stop_id=STOP,
+  again = rollout.generate(policy, second, cfg=cfg, stop_ids=STOP,
                            record_experts=True)
   for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(again)):
     np.testing.assert_array_equal(a, b)

@@ -34,6 +34,10 @@ def stage_dir(workdir: str, name: str) -> str:
 
 
 PLACEMENT = ('mesh', 'rules', 'memory')
+# The cascade's `episodes` limits and the RL config fields they fill.
+EPISODE_LIMITS = dict(max_turns='max_turns',
+                      max_observation_tokens='max_observation_tokens',
+                      max_tokens='max_episode_tokens')
 
 
 def runner_config(stage: Stage, workdir: str, seed: int,
@@ -41,7 +45,8 @@ def runner_config(stage: Stage, workdir: str, seed: int,
                   ) -> ml_collections.ConfigDict:
   """The stage's runner config: the cascade's seed and placement (mesh,
   rules, memory; a stage's own win), and stage names as run paths relative
-  to the cascade's directory (`root`), so that a moved cascade resumes."""
+  to the cascade's directory (`root`), so that a moved cascade resumes.
+  An RL stage's unset episode limits take the cascade's `episodes`."""
   c = ml_collections.ConfigDict(stage.config.to_dict())
   c.seed = seed
   for key in PLACEMENT:
@@ -51,6 +56,10 @@ def runner_config(stage: Stage, workdir: str, seed: int,
   if stage.init_from:
     c.init_from = stage.init_from
   if stage.kind in ('grpo', 'mopd'):
+    limits = {} if cascade is None else cascade.get('episodes') or {}
+    for key, rl_key in EPISODE_LIMITS.items():
+      if limits.get(key) and not c.rl.get(rl_key):
+        c.rl[rl_key] = int(limits[key])
     c.teachers = ml_collections.ConfigDict(dict(stage.teachers))
     c.reward_model = stage.reward_model or ''
     c.eval_n = 0          # the cascade scores every domain itself
@@ -82,8 +91,10 @@ def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
   ctx = None if config is None else train.mesh_ctx(config)
   memory = None if config is None else train.memory_overrides(config)
   _, model, tok = train.restore_run(run_dir, ctx=ctx, memory=memory)
-  scores = rollout.evaluate_model(model, tok, evals, temperature=temperature,
-                                  samples=samples, seed=seed)
+  episodes = None if config is None else config.get('episodes')
+  scores = rollout.evaluate_model(
+      model, tok, evals, temperature=temperature, samples=samples, seed=seed,
+      episodes=episodes.to_dict() if episodes else None)
   return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n,
                  prompts=s.n // samples, pass_se=s.pass_se,
                  prompt_pass=dict(s.prompt_pass))

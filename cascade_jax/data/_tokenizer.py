@@ -38,6 +38,7 @@ class Tokenizer:
       raise ValueError(f'tokenizer lacks the chat tokens {missing}')
     self.im_start = self.sp.piece_to_id(IM_START)
     self.im_end = self.sp.piece_to_id(IM_END)
+    self.stop_ids = (self.im_end,)     # the ids a reply ends at
     self.pad_id = PAD_ID
 
   @property

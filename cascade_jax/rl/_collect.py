@@ -195,12 +195,13 @@ def _sample_replies(policy, tok, stream, recs, cfg: RLConfig, key, reward_fn,
   ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id,
                                      width=stream.prompt_width(tok))
   ro = rollout.generate_padded(policy, ptoks, plens, cfg=cfg.sample_config,
-                               stop_id=tok.im_end, pad_id=tok.pad_id,
+                               stop_ids=tok.stop_ids, pad_id=tok.pad_id,
                                key=key, record_experts=cfg.routing_replay)
   ro = sharding.to_host(ro)          # the rollouts' one way out
   stats['sample_s'] += time.perf_counter() - t0
   t0 = time.perf_counter()
-  texts = [tok.decode([t for t, m in zip(row, mk) if m and t != tok.im_end])
+  texts = [tok.decode([t for t, m in zip(row, mk)
+                       if m and t not in tok.stop_ids])
            for row, mk in zip(ro.tokens, ro.mask)]
   rewards = reward_fn(recs, texts)
   stats['score_s'] += time.perf_counter() - t0

@@ -24,6 +24,7 @@ from cascade_jax.rollout._episodes import run_episodes
 from cascade_jax.rollout._turns import Conversation
 from cascade_jax.rollout._turns import Turn
 from cascade_jax.rollout._evaluate import evaluate_and_log
+from cascade_jax.rollout._evaluate import episode_config
 from cascade_jax.rollout._evaluate import episode_scores
 from cascade_jax.rollout._evaluate import evaluate_model
 from cascade_jax.rollout._evaluate import max_new_tokens_for

@@ -151,7 +151,7 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
                                  1 if ctx is None else ctx.shards('batch'))
   width = max(max(map(len, prompts)), prompt_width)
   conv = Conversation(model, prompts, cfg=sample,
-                      max_slots=cfg.slots(width), stop_id=tok.im_end,
+                      max_slots=cfg.slots(width), stop_ids=tok.stop_ids,
                       pad_id=tok.pad_id, record_experts=record_experts,
                       prompt_width=width)
   conv_experts = conv.first_experts
@@ -181,7 +181,7 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
           # The reply's last token is fed with the next observation (if any).
           e.experts += list(out.experts[i, :n - 1])
           e.experts.append(np.zeros_like(out.experts[i, 0]))
-        reply = [t for t in out.tokens[i, :n] if t != tok.im_end]
+        reply = [t for t in out.tokens[i, :n] if t not in tok.stop_ids]
         texts[i] = tok.decode(reply)
         e.messages.append({'role': 'assistant', 'content': texts[i]})
       t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 
@@ -36,10 +37,11 @@ def responses_for(model, tok: data.Tokenizer, records: Sequence[dict], *,
     pad = -(-size // n_dev) * n_dev - len(chunk)
     key, sub = jax.random.split(key)
     ro = generate(model, chunk + [chunk[-1]] * pad, cfg=cfg,
-                  stop_id=tok.im_end, pad_id=tok.pad_id, key=sub)
+                  stop_ids=tok.stop_ids, pad_id=tok.pad_id, key=sub)
     toks, mask = sharding.to_host((ro.tokens, ro.mask))
     for row, m in zip(toks[:len(chunk)], mask[:len(chunk)]):
-      ids = [int(t) for t, keep in zip(row, m) if keep and t != tok.im_end]
+      ids = [int(t) for t, keep in zip(row, m)
+             if keep and t not in tok.stop_ids]
       out.append(tok.decode(ids))
   return out
 
@@ -55,12 +57,15 @@ def evaluate_model(model, tok: data.Tokenizer,
                    eval_sets: Mapping[str, Sequence[dict]], *,
                    temperature: float = 0.0, samples: int = 1,
                    batch_size: int = 128, sandbox=None,
-                   seed: int = 0) -> dict[str, domains.DomainScore]:
+                   seed: int = 0, episodes: Mapping[str, int] | None = None
+                   ) -> dict[str, domains.DomainScore]:
   """Generation on each domain's eval records, scored.
 
   Greedy by default. With temperature > 0, `samples` responses per record
   (a fixed `seed`): the pass rate is then pass@1 averaged over the samples,
-  as the paper reports it.
+  as the paper reports it. Multi-turn domains play episodes within their
+  domain's limits, `episodes`' nonzero fields in their place (see
+  `episode_config`).
   """
   if samples < 1 or (samples > 1 and temperature == 0.0):
     raise ValueError(f'evaluate_model: samples={samples} needs samples >= 1 '
@@ -80,7 +85,7 @@ def evaluate_model(model, tok: data.Tokenizer,
         recs = list(recs) * samples
         pending[name] = _done(domains.summarize(recs, episode_scores(
             model, tok, recs, temperature=temperature, batch_size=batch_size,
-            key=key)))
+            key=key, episodes=episode_config(name, episodes))))
         continue
       cfg = SampleConfig(max_new_tokens=max_new_tokens_for(tok, recs),
                          temperature=temperature)
@@ -93,6 +98,23 @@ def evaluate_model(model, tok: data.Tokenizer,
     for name in sorted(pending):
       scores.update(pending[name].result())
   return scores
+
+
+def episode_config(domain: str, overrides: Mapping[str, int] | None = None
+                   ) -> EpisodeConfig:
+  """`domain`'s episode limits, with the nonzero `overrides` in their place.
+
+  The domains' limits count the tiny job's sentencepiece tokens; another
+  tokenizer and its chat template (a checkpoint's own) may need more.
+  """
+  overrides = dict(overrides or {})
+  known = {f.name for f in dataclasses.fields(EpisodeConfig)}
+  if set(overrides) - known:
+    raise ValueError(f'episode limits: unknown fields '
+                     f'{sorted(set(overrides) - known)} (known: {sorted(known)})')
+  limits = dict(domains.get(domain).episode_limits)
+  limits.update({k: int(v) for k, v in overrides.items() if v})
+  return EpisodeConfig(**limits)
 
 
 def episode_scores(model, tok: data.Tokenizer, records: Sequence[dict], *,

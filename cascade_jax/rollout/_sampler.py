@@ -105,7 +105,23 @@ def keep_top_n(logits, n):
   return jnp.where(logits < nth, _NEG, logits)
 
 
-def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_id):
+def stop_tuple(stop_ids: int | Sequence[int]) -> tuple[int, ...]:
+  """The ids a reply ends at, as a tuple: one (`-1` or `()`: never stops)
+  or several (Qwen3 ends at <|im_end|> or <|endoftext|>)."""
+  if isinstance(stop_ids, (int, np.integer)):
+    return (int(stop_ids),)
+  return tuple(int(s) for s in stop_ids)
+
+
+def is_stop(toks: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
+  """Where `toks` holds any of `stop_ids` (a bool array of its shape)."""
+  hit = jnp.zeros(toks.shape, bool)
+  for s in stop_ids:
+    hit |= toks == s
+  return hit
+
+
+def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_ids):
   """Samples token t of every row from its logits (pad once a row is done);
   records its log-prob and kept-set size, and which rows are now done."""
   key, sub = jax.random.split(key)
@@ -114,7 +130,7 @@ def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_id):
   toks = toks.at[:, t].set(tok)
   lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
   kept = kept.at[:, t].set(n_kept)
-  return tok, key, toks, lps, kept, done | (tok == stop_id)
+  return tok, key, toks, lps, kept, done | is_stop(tok, stop_ids)
 
 
 def _select(logits, key, cfg: SampleConfig):
@@ -132,11 +148,11 @@ def _select(logits, key, cfg: SampleConfig):
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], kept
 
 
-@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_id',
+@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids',
                                              'pad_id', 'record_experts'),
                    donate_argnames=('cache_buffers',), keep_unused=True)
 def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
-              cfg, stop_id, pad_id, record_experts):
+              cfg, stop_ids, pad_id, record_experts):
   _TRACES[0] += 1
   model = nnx.merge(graph, state)
   b, p = prompt_bp.shape
@@ -161,7 +177,8 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     rope_all = model_lib.rope_tables(prompt_len_b[:, None] + jnp.arange(n),
                                      model.cfg.head_dim, model.cfg.rope_theta)
 
-  choose = functools.partial(_choose, cfg=cfg, pad_id=pad_id, stop_id=stop_id)
+  choose = functools.partial(_choose, cfg=cfg, pad_id=pad_id,
+                             stop_ids=stop_ids)
 
   def cond(c):
     t, *_, done = c
@@ -194,8 +211,9 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   t, _, cache, _, toks, lps, kept, experts, done = jax.lax.while_loop(
       cond, body, init)
   steps = jnp.arange(n)[None, :]
-  stop_at = jnp.argmax(toks == stop_id, axis=1)
-  has_stop = jnp.any(toks == stop_id, axis=1)
+  stops = is_stop(toks, stop_ids)
+  stop_at = jnp.argmax(stops, axis=1)
+  has_stop = jnp.any(stops, axis=1)
   length = jnp.where(has_stop, stop_at + 1, t)
   mask = (steps < length[:, None]).astype(jnp.int32)
   if not (record_experts and n_moe):
@@ -228,7 +246,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], bucket: int,
 
 
 def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], *,
-             cfg: SampleConfig, stop_id: int, pad_id: int = 0,
+             cfg: SampleConfig, stop_ids: int | Sequence[int],
+             pad_id: int = 0,
              key: jax.Array | None = None,
              record_experts: bool = False) -> Rollout:
   """Samples one continuation per prompt (repeat prompts for G samples).
@@ -239,12 +258,13 @@ def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], *,
   to the model, has zeros (the learner's inputs stop before it).
   """
   tokens, lengths = pad_prompts(prompts, cfg.prompt_bucket, pad_id)
-  return generate_padded(model, tokens, lengths, cfg=cfg, stop_id=stop_id,
+  return generate_padded(model, tokens, lengths, cfg=cfg, stop_ids=stop_ids,
                          pad_id=pad_id, key=key, record_experts=record_experts)
 
 
 def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
-                    cfg: SampleConfig, stop_id: int, pad_id: int = 0,
+                    cfg: SampleConfig, stop_ids: int | Sequence[int],
+                    pad_id: int = 0,
                     key: jax.Array | None = None,
                     record_experts: bool = False) -> Rollout:
   """`generate` on prompts already left-padded by `pad_prompts`.
@@ -260,7 +280,7 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
       1 if ctx is None else ctx.shards('batch'))
   if n < len(lengths_b):
     out = generate_padded(model, tokens_bp, lengths_b, cfg=cfg,
-                          stop_id=stop_id, pad_id=pad_id, key=key,
+                          stop_ids=stop_ids, pad_id=pad_id, key=key,
                           record_experts=record_experts)
     return jax.tree.map(lambda x: x[:n], out)
   graph, state = nnx.split(model)
@@ -278,7 +298,8 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
   if reuse and buffers is None:
     buffers = _new_cache(model.cfg, b, p + cfg.max_new_tokens)
   out, cache = _generate(graph, state, tokens_bp, lengths_b, key,
-                         buffers, cfg=cfg, stop_id=stop_id, pad_id=pad_id,
+                         buffers, cfg=cfg, stop_ids=stop_tuple(stop_ids),
+                         pad_id=pad_id,
                          record_experts=record_experts)
   if reuse:
     _CACHE_POOL[pool_key] = cache

@@ -40,7 +40,7 @@ from flax import nnx
 from cascade_jax import model as model_lib
 from cascade_jax import sharding
 from cascade_jax.rollout import _decode
-from cascade_jax.rollout._sampler import _choose
+from cascade_jax.rollout import _sampler
 from cascade_jax.rollout._sampler import SampleConfig
 
 APPEND_BUCKET = 16
@@ -53,7 +53,7 @@ class Turn:
   logprobs: np.ndarray     # [B, N] float32, 0 off the mask
   mask: np.ndarray         # [B, N] int32: the reply's tokens (stop included)
   kept: np.ndarray         # [B, N] int32: the sampler's kept-set sizes
-  stopped: np.ndarray      # [B] bool: ended with the stop token
+  stopped: np.ndarray      # [B] bool: ended with one of the stop ids
   experts: np.ndarray | None   # [B, N, L_moe, k]: token t's experts (fed ones)
 
   @property
@@ -106,11 +106,11 @@ def _feed_steps(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
   return logits, cache, experts
 
 
-@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_id',
+@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids',
                                              'pad_id', 'record_experts'),
                    donate_argnames=('cache',))
 def _turn(graph, state, logits0, cache, next_pos_b, active_b, key, *, cfg,
-          stop_id, pad_id, record_experts):
+          stop_ids, pad_id, record_experts):
   """One reply per active row: sample, feed, until every row stops or `N` tokens.
 
   Token t - 1 is fed at step t if its row has not ended with it (segment 1),
@@ -124,7 +124,8 @@ def _turn(graph, state, logits0, cache, next_pos_b, active_b, key, *, cfg,
   n_moe = model.cfg.pattern.count(model_lib.MOE)
   k_top = model.cfg.moe.top_k if n_moe else 0
 
-  choose = functools.partial(_choose, cfg=cfg, pad_id=pad_id, stop_id=stop_id)
+  choose = functools.partial(_sampler._choose, cfg=cfg, pad_id=pad_id,
+                             stop_ids=stop_ids)
 
   def cond(c):
     t, *_, done = c
@@ -155,8 +156,9 @@ def _turn(graph, state, logits0, cache, next_pos_b, active_b, key, *, cfg,
           jnp.zeros((b, n, n_moe, k_top), jnp.int32), done)
   t, _, cache, logits, _, toks, lps, kept, experts, _ = jax.lax.while_loop(
       cond, body, init)
-  has_stop = jnp.any(toks == stop_id, axis=1) & active_b
-  length = jnp.where(has_stop, jnp.argmax(toks == stop_id, axis=1) + 1, t)
+  stops = _sampler.is_stop(toks, stop_ids)
+  has_stop = jnp.any(stops, axis=1) & active_b
+  length = jnp.where(has_stop, jnp.argmax(stops, axis=1) + 1, t)
   mask = ((jnp.arange(n)[None, :] < length[:, None]) & active_b[:, None]
           ).astype(jnp.int32)
   return (toks, lps * mask, mask, kept, has_stop, experts), cache, logits, t - 1
@@ -179,11 +181,13 @@ class Conversation:
   """
 
   def __init__(self, model, prompts: Sequence[Sequence[int]], *,
-               cfg: SampleConfig, max_slots: int, stop_id: int,
+               cfg: SampleConfig, max_slots: int,
+               stop_ids: int | Sequence[int],
                pad_id: int = 0, record_experts: bool = False,
                prompt_width: int = 0):
     self.model, self.cfg = model, cfg
-    self.stop_id, self.pad_id = stop_id, pad_id
+    self.stop_ids = _sampler.stop_tuple(stop_ids)
+    self.pad_id = pad_id
     self.record_experts = record_experts
     self.graph, self.state = nnx.split(model)
     self.batch = len(prompts)
@@ -241,7 +245,7 @@ class Conversation:
     out, self.cache, self.logits, fed = _turn(
         self.graph, self.state, self.logits, self.cache,
         jnp.asarray(self.next_pos), jnp.asarray(np.asarray(active, bool)), key,
-        cfg=self.cfg, stop_id=self.stop_id, pad_id=self.pad_id,
+        cfg=self.cfg, stop_ids=self.stop_ids, pad_id=self.pad_id,
         record_experts=self.record_experts)
     toks, lps, mask, kept, stopped, experts = sharding.to_host(out)
     self.index += int(fed)
