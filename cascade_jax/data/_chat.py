@@ -14,6 +14,9 @@ environment's messages (role `tool` or `user`) and a new assistant turn:
 
 Each piece is tokenised on its own (`encode_observation`), in SFT as in
 rollouts, so the tokens a model trains on are the tokens it samples after.
+The environment's contents (tool output: untrusted) are encoded as plain
+text (`Tokenizer.encode_text`): a `<|im_end|>` a program prints stays
+characters and cannot end the tool's turn.
 
 A Hugging Face tokenizer (`HFTokenizer`) brings its checkpoint's own chat
 template instead: the prompt is the template's rendering with the
@@ -71,7 +74,14 @@ def encode_observation(tok: Tokenizer, messages: Sequence[dict], *,
   """The tokens after an assistant turn's stop token: the environment's
   `messages`, then the next assistant turn's opening."""
   if not isinstance(tok, HFTokenizer):
-    return tok.encode(render_observation(messages))
+    # `render_observation`'s text, the contents (untrusted) as plain text:
+    # the chat tags around them are symbols of their own, so the tokens are
+    # `encode(render_observation(messages))` for contents without tags.
+    ids = tok.encode('\n')
+    for m in messages:
+      ids += (tok.encode(f"{IM_START}{m['role']}\n") +
+              tok.encode_text(m['content']) + tok.encode(f'{IM_END}\n'))
+    return ids + tok.encode(f'{IM_START}assistant\n')
   # The template's text around placeholder contents, the contents (tool
   # output: untrusted) encoded as plain text between its pieces.
   marks = [f'\x00{i}\x00' for i in range(len(messages))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import re
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -24,6 +25,8 @@ SPACE = '\u2581'
 SPECIALS = (IM_START, IM_END, THINK_START, THINK_END, TOOL_START, TOOL_END,
             '\n', SPACE * 4, SPACE)
 PAD_ID = 0
+# The chat's tags (not its whitespace symbols): untrusted text never yields them.
+_TAG = re.compile('|'.join(map(re.escape, SPECIALS[:6])))
 
 
 class Tokenizer:
@@ -47,6 +50,19 @@ class Tokenizer:
 
   def encode(self, text: str) -> list[int]:
     return self.sp.encode(text)
+
+  def encode_text(self, text: str) -> list[int]:
+    """Untrusted text (tool output): a chat tag written in it (`<|im_end|>`,
+    `<tool_call>`, ...) is encoded as its characters, never as the tag's id,
+    so an observation cannot end a turn or open one. Text without tags
+    encodes as `encode` does; `decode` gives the text back."""
+    ids, at = [], 0
+    for m in _TAG.finditer(text):
+      tag = m.group()
+      ids += (self.sp.encode(text[at:m.start()]) + self.sp.encode(tag[0]) +
+              self.sp.encode(tag[1:]))
+      at = m.end()
+    return ids + self.sp.encode(text[at:])
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.sp.decode([int(i) for i in ids if int(i) != self.pad_id])
