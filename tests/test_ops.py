@@ -301,6 +301,34 @@ def test_calibration_is_measured_once_and_decides(monkeypatch, tmp_path,
     _cpu.calibration.cache_clear()
 
 
+@pytest.mark.skipif(_build._library() is None,
+                    reason='the CPU kernels cannot be built here')
+def test_calibration_times_the_samplers_step_with_each_subset(monkeypatch):
+  # The calibration decides on the sampler's decode step of the main job's
+  # model: each timed function runs exactly the kernels it names (their FFI
+  # calls in its compiled program, the others' absent), and its traces are
+  # not recorded as what the run ran.
+  monkeypatch.setenv(_cpu.ENV, 'auto')
+  monkeypatch.setattr(_cpu, 'calibration', lambda: pytest.fail(
+      'the calibration asked for itself'))
+  model = _cpu._main_job_model()
+  targets = dict(moe_decode='cascade_jax_moe_ffn',
+                 cache_attention='cascade_jax_cache_attention',
+                 argmax='cascade_jax_argmax')
+  ops.reset_selected()
+  _cpu._CALIBRATING.set()
+  try:
+    with _registry.unrecorded():
+      for on in (frozenset(), frozenset({'moe_decode', 'argmax'}),
+                 frozenset({'cache_attention'})):
+        fn, args = _cpu._decode_steps(model, 8, on)
+        text = fn.lower(*args).as_text()
+        assert {op for op, t in targets.items() if t in text} == on
+  finally:
+    _cpu._CALIBRATING.clear()
+  assert ops.selected() == {}
+
+
 # --- on a GPU ----------------------------------------------------------------
 
 

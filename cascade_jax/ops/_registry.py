@@ -59,6 +59,7 @@ IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
 }
 
 _lock = threading.Lock()
+_thread = threading.local()
 _forced: dict[str, str] = {}
 _picked: dict[str, collections.Counter] = collections.defaultdict(
     collections.Counter)
@@ -185,10 +186,24 @@ def pick(op: str, candidates: Sequence[tuple[str, bool | str]], *,
       raise ValueError(f'ops: no implementation of {op} can run here: {why}')
     if strict():
       _check_no_fallback(op, candidates, name, dtype, shape)
+  if getattr(_thread, 'unrecorded', False):
+    return name
   dt = 'any' if dtype is None else str(jax.numpy.dtype(dtype))
   with _lock:
     _picked[op][f'{name} ({backend()}, {dt})'] += 1
   return name
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+  """This thread's picks are not recorded in `selected` (the CPU kernels'
+  calibration traces every choice; the run ran one)."""
+  before = getattr(_thread, 'unrecorded', False)
+  _thread.unrecorded = True
+  try:
+    yield
+  finally:
+    _thread.unrecorded = before
 
 
 def _check_no_fallback(op, candidates, name, dtype, shape) -> None:
