@@ -114,6 +114,29 @@ def test_grpo_truncated_importance_weight():
   assert float(loss) == pytest.approx(-2.0, rel=1e-6)
 
 
+def test_grpo_masks_tokens_past_the_sampler_ratio_bound():
+  # Ratios pi_old / pi_sampler 5, 1.25, 0.2 with bound 2: the first and the
+  # last are dropped (w 0), the middle weighs 1; the gradient follows.
+  logp = jnp.log(jnp.array([[0.5, 0.5, 0.1]]))
+  sampler = jnp.log(jnp.array([[0.1, 0.4, 0.5]]))
+  f = lambda x: losses.grpo_loss(x, jnp.array([1.0]), jnp.ones((1, 3)),
+                                 sampler_logp=sampler, tis_cap=2.0,
+                                 sampler_mask=True)
+  loss, m = f(logp)
+  assert float(loss) == pytest.approx(-1.0 / 3, rel=1e-6)
+  assert float(m['is_cut_fraction']) == pytest.approx(2 / 3)
+  assert float(m['is_weight_mean']) == pytest.approx(1 / 3)
+  g = jax.grad(lambda x: f(x)[0])(logp)
+  assert float(g[0, 0]) == 0.0 and float(g[0, 2]) == 0.0
+  assert float(g[0, 1]) == pytest.approx(-1.0 / 3, rel=1e-6)
+  # Truncation instead: weights 2, 1.25, 0.2 (one token cut).
+  _, m = losses.grpo_loss(logp, jnp.array([1.0]), jnp.ones((1, 3)),
+                          sampler_logp=sampler, tis_cap=2.0)
+  assert float(m['is_weight_mean']) == pytest.approx((2 + 1.25 + 0.2) / 3,
+                                                     rel=1e-6)
+  assert float(m['is_cut_fraction']) == pytest.approx(1 / 3)
+
+
 def test_mopd_by_hand():
   # Tokens with pi_train .5 / .5, teacher .25 / 1.0, sampler = train (w = 1):
   # a = [log .5, log 2]; loss = -mean(a * logp) = -(log.5 log.5 + log2 log.5)/2 = 0.

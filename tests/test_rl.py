@@ -436,6 +436,27 @@ def test_grpo_stage_runs_checkpoints_and_resumes(sft_dir, tmp_path):
   assert [r['step'] for r in rows if 'reward_mean' in r][-2:] == [5, 6]
 
 
+def test_weight_sync_stage_samples_bf16_and_logs_the_sync(sft_dir, tmp_path):
+  # rl.sampler_dtype='bfloat16' through the stage: every step samples from
+  # a fresh bf16 copy (the sync's seconds logged), the learner keeps fp32
+  # weights (its checkpoint too) and corrects the loss (is_* metrics).
+  c = rl_config.get_config('quick')
+  c.init_from = sft_dir
+  c.rl.sampler_dtype, c.steps, c.eval_n = 'bfloat16', 2, 0
+  c.rl.dynamic_filtering = False    # every step learns (rewards may all be 0)
+  rl.run(c, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / 'rl_metrics.jsonl')]
+  steps = [r for r in rows if 'reward_mean' in r]
+  assert [r['step'] for r in steps] == [1, 2]
+  assert all(r['weight_sync_s'] > 0 for r in steps)
+  learned = [r for r in steps if 'loss' in r]
+  assert learned and all(0 < r['is_weight_mean'] for r in learned)
+  assert max(r['sampler_mismatch_max'] for r in steps) > 1e-4
+  _, restored, _ = train.restore_run(str(tmp_path))
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(restored, nnx.Param))
+          } == {jnp.dtype('float32')}
+
+
 def test_mopd_stage_uses_teachers_and_names_a_missing_one(sft_dir, tmp_path):
   c = rl_config.get_config('quick')
   c.init_from = sft_dir

@@ -184,3 +184,55 @@ def test_a_step_moves_data_once_each_way(setup, monkeypatch, algorithm):
     monkeypatch.undo()
     assert moves == ['in', 'out', 'in', 'out'], moves
     assert metrics['sampler_mismatch_max'] <= 1e-5
+
+
+def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
+  # rl.sampler_dtype='bfloat16': the sampler runs a bf16 copy of the fp32
+  # learner (one jitted cast, shardings kept, the learner's state
+  # untouched), so its log-probs differ from the learner's, and GRPO's loss
+  # weighs each token by the truncated ratio. With the main job's float32
+  # nothing is copied and the loss is the on-policy one, unweighted.
+  tok, recs, _ = setup
+  _, m = _policy(tok)
+  opt = _optimizer()
+  graph, state = train.init_state(m, opt)
+  kw = dict(prompts_per_step=8, rollouts_per_prompt=4, max_new_tokens=12,
+            dynamic_filtering=False, overlong='none')
+  same = rl.SamplerWeights(graph, 'float32')
+  assert not same.copies(state)
+  own = jax.tree.leaves(nnx.state(same.model(state), nnx.Param))
+  assert all(a is b for a, b in zip(own, jax.tree.leaves(state.params)))
+  assert rl.Learner(graph, opt, rl.RLConfig(**kw)).correction(state) == 'none'
+
+  sync = rl.SamplerWeights(graph, 'bfloat16')
+  assert sync.copies(state)
+  before = jax.tree.map(np.asarray, state.params)
+  sampler = sync.model(state)
+  sp = jax.tree.leaves(nnx.state(sampler, nnx.Param))
+  lp = jax.tree.leaves(state.params)
+  assert {x.dtype for x in sp} == {jnp.dtype('bfloat16')}
+  assert {x.dtype for x in lp} == {jnp.dtype('float32')}
+  for a, b in zip(sp, lp):
+    assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b).astype(a.dtype))
+  assert sync.last_sync_s > 0
+  c = rl.RLConfig(sampler_dtype='bfloat16', **kw)
+  batch = rl.collect(sampler, tok, rl.PromptStream(recs), c,
+                     jax.random.key(1),
+                     reward_fn=lambda r, _: np.arange(len(r)) % 3)[0]
+  out = {}
+  for corr in ('tis', 'none'):
+    learner = rl.Learner(graph, opt, dataclasses.replace(
+        c, behaviour_correction=corr))
+    assert learner.correction(state) == corr
+    _, s0 = train.init_state(_policy(tok)[1], opt)
+    out[corr] = learner.step(s0, batch)[1]
+  tis, none = out['tis'], out['none']
+  # bf16 weights move the log-probs well beyond float rounding.
+  assert tis['sampler_mismatch_max'] > 1e-3
+  assert 0 < tis['is_weight_mean'] and tis['is_weight_mean'] != 1.0
+  assert 'is_weight_mean' not in none
+  assert tis['loss'] != none['loss']
+  # The learner's own weights were not touched by the sync.
+  jax.tree.map(np.testing.assert_array_equal, before,
+               jax.tree.map(np.asarray, state.params))

@@ -88,7 +88,8 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
               old_logp: Array | None = None, ref_logp: Array | None = None,
               sampler_logp: Array | None = None, clip_eps_low: float = 0.2,
               clip_eps_high: float = 0.2, kl_coef: float = 0.0,
-              tis_cap: float | None = None, normalize: str = 'token',
+              tis_cap: float | None = None, sampler_mask: bool = False,
+              normalize: str = 'token',
               num_tokens: Array | None = None,
               num_sequences: Array | None = None):
   """The GRPO surrogate with token-level normalisation (the paper's default).
@@ -100,7 +101,9 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
 
   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1 (unbiased, >= 0) and
   w_t = stopgrad(min(pi_old / pi_sampler, tis_cap)) is the truncated
-  importance weight against the sampler (1 when not asked for). Without
+  importance weight against the sampler (1 when not asked for); with
+  `sampler_mask`, w_t is 1 where pi_old / pi_sampler is within
+  [1 / tis_cap, tis_cap] and 0 elsewhere (the token is dropped). Without
   `old_logp` the ratio is exactly 1 (strictly on-policy: one update per
   batch) and the gradient is the REINFORCE estimate -A grad log pi / N.
   normalize='sequence' averages per-sequence token means instead.
@@ -119,7 +122,8 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
 
   Returns:
     (loss, metrics) with metrics loss_sum, token_count, clip_fraction, kl,
-    ratio_mean.
+    ratio_mean; with `sampler_logp` also is_weight_mean (w_t's mean) and
+    is_cut_fraction (the tokens truncated, or masked).
 
   >>> logp = jnp.log(jnp.array([[0.5, 0.25]]))
   >>> loss, m = grpo_loss(logp, jnp.array([2.0]), jnp.array([[1, 1]]))
@@ -132,10 +136,23 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
   ratio = jnp.exp(logp - old)
   clipped = jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
   surrogate = jnp.minimum(ratio * adv, clipped * adv)
+  m = mask.astype(jnp.float32)
+  n = jnp.maximum(m.sum() if num_tokens is None else num_tokens, 1.0)
+  extra = {}
   if sampler_logp is not None:
     w = jnp.exp(old - sampler_logp)
-    if tis_cap is not None:
+    if sampler_mask:
+      if tis_cap is None:
+        raise ValueError('grpo_loss: sampler_mask needs tis_cap (the bound)')
+      out = (w > tis_cap) | (w < 1.0 / tis_cap)
+      w = jnp.where(out, 0.0, 1.0)
+    elif tis_cap is not None:
+      out = w > tis_cap
       w = jnp.minimum(w, tis_cap)
+    else:
+      out = jnp.zeros(w.shape, bool)
+    extra = dict(is_weight_mean=jnp.sum(w * m) / n,
+                 is_cut_fraction=jnp.sum(out * m) / n)
     surrogate = jax.lax.stop_gradient(w) * surrogate
   per_token = -surrogate
   kl = jnp.zeros_like(logp)
@@ -145,12 +162,11 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
     per_token = per_token + kl_coef * kl
   loss, total, count = _normalise(per_token, mask, normalize, num_tokens,
                                   num_sequences)
-  m = mask.astype(jnp.float32)
-  n = jnp.maximum(m.sum() if num_tokens is None else num_tokens, 1.0)
   was_clipped = (clipped * adv) < (ratio * adv)   # min took the clipped term
   metrics = dict(loss_sum=total, token_count=count,
                  clip_fraction=jnp.sum(was_clipped * m) / n,
-                 kl=jnp.sum(kl * m) / n, ratio_mean=jnp.sum(ratio * m) / n)
+                 kl=jnp.sum(kl * m) / n, ratio_mean=jnp.sum(ratio * m) / n,
+                 **extra)
   return loss, metrics
 
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax.numpy as jnp
+
 from cascade_jax import domains
 from cascade_jax import rollout
+
+
+SAMPLER_DTYPES = ('float32', 'bfloat16')
+CORRECTIONS = ('tis', 'mask', 'none')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,20 @@ class RLConfig:
   max_turns: int = 0
   max_observation_tokens: int = 0
   max_episode_tokens: int = 0
+  # The sampler's copy of the policy's weights, made from the learner's by
+  # one jitted cast after each update (the weight sync, `SamplerWeights`)
+  # where they are wider: 'float32' (the main job: the learner's own, read
+  # directly, so sampling stays exactly on-policy) or 'bfloat16' (at
+  # scale: half the bytes).
+  sampler_dtype: str = 'float32'
+  # A sampler that differs from the learner (sampler_dtype not the
+  # learner's) is corrected in GRPO's loss: 'tis' weighs each token by
+  # min(pi_learner / pi_sampler, tis_cap) (truncated importance sampling),
+  # 'mask' drops the tokens whose ratio is outside [1 / tis_cap, tis_cap],
+  # 'none' trains as if on-policy. Nothing is applied when the sampler is
+  # the learner. (MOPD's loss always weighs by that ratio, truncated.)
+  behaviour_correction: str = 'tis'
+  tis_cap: float = 2.0
 
   def episode_config(self, domain_names: Sequence[str]
                      ) -> rollout.EpisodeConfig:
@@ -63,6 +83,14 @@ class RLConfig:
         max_observation_tokens=pick('max_observation_tokens',
                                     self.max_observation_tokens),
         max_tokens=pick('max_tokens', self.max_episode_tokens))
+
+  def correction(self, learner_dtype) -> str:
+    """The behaviour correction the loss applies when the learner's
+    weights are `learner_dtype`: 'none' when the sampler reads them as
+    they are."""
+    exact = (jnp.dtype(self.sampler_dtype).itemsize >=
+             jnp.dtype(learner_dtype).itemsize)
+    return 'none' if exact else self.behaviour_correction
 
   @property
   def sample_config(self) -> rollout.SampleConfig:
@@ -86,6 +114,14 @@ class RLConfig:
       raise ValueError(f'rl.top_p must be in (0, 1], got {self.top_p}')
     if self.top_k < 0:
       raise ValueError(f'rl.top_k must be >= 0 (0: off), got {self.top_k}')
+    if self.sampler_dtype not in SAMPLER_DTYPES:
+      raise ValueError(f'rl.sampler_dtype: {self.sampler_dtype!r} not in '
+                       f'{SAMPLER_DTYPES}')
+    if self.behaviour_correction not in CORRECTIONS:
+      raise ValueError(f'rl.behaviour_correction: '
+                       f'{self.behaviour_correction!r} not in {CORRECTIONS}')
+    if not self.tis_cap >= 1.0:
+      raise ValueError(f'rl.tis_cap must be >= 1, got {self.tis_cap}')
     for k in ('updates_per_batch', 'micro_batches'):
       if getattr(self, k) < 1:
         raise ValueError(f'rl.{k} must be >= 1, got {getattr(self, k)}')

@@ -168,13 +168,22 @@ def _fwd(batch: RLBatch) -> dict[str, jax.Array]:
   return dict({k: getattr(batch, k) for k in _FORWARD}, kept=batch.kept)
 
 
-def _loss(logp, batch: RLBatch, cfg: RLConfig, off_policy: bool, counts):
+def _loss(logp, batch: RLBatch, cfg: RLConfig, off_policy: bool, counts,
+          correction: str = 'none'):
+  """The stage's loss. `correction` ('tis', 'mask' or 'none'): how GRPO
+  weighs a token sampled by a sampler that is not the learner (on-policy
+  steps; with several updates a batch the ratio is taken against the
+  sampler's log-probs already)."""
   if cfg.algorithm == 'grpo':
+    behaviour = {} if off_policy or correction == 'none' else dict(
+        sampler_logp=batch.sampler_logp, tis_cap=cfg.tis_cap,
+        sampler_mask=correction == 'mask')
     return losses.grpo_loss(
         logp, batch.advantages, batch.mask,
         old_logp=batch.sampler_logp if off_policy else None,
         ref_logp=batch.ref_logp, clip_eps_low=cfg.clip_eps_low,
-        clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef, **counts)
+        clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef, **behaviour,
+        **counts)
   return losses.mopd_loss(
       logp, batch.teacher_logp, batch.sampler_logp, batch.mask,
       reward_advantages=batch.advantages, reward_weight=cfg.mopd_reward_weight,
@@ -182,7 +191,8 @@ def _loss(logp, batch: RLBatch, cfg: RLConfig, off_policy: bool, counts):
 
 
 def _update_once(state: train.TrainState, batch: RLBatch, *, graph, opt,
-                 cfg: RLConfig, moe: tuple, off_policy: bool):
+                 cfg: RLConfig, moe: tuple, off_policy: bool,
+                 correction: str):
   """One optimizer step on `batch`, its gradient over `cfg.micro_batches`."""
   k = cfg.micro_batches
   mask = batch.mask.astype(jnp.float32)
@@ -197,7 +207,7 @@ def _update_once(state: train.TrainState, batch: RLBatch, *, graph, opt,
     logp, ent, info = _forward_logp(params, state.rest, graph, _fwd(mb),
                                     mb.expert_idx, cfg.sample_config, moe,
                                     entropy=True)
-    loss, m = _loss(logp, mb, cfg, off_policy, counts)
+    loss, m = _loss(logp, mb, cfg, off_policy, counts, correction)
     mb_mask = mb.mask.astype(jnp.float32)
     n = n_tokens if k > 1 else jnp.maximum(mb_mask.sum(), 1.0)
     return loss + info['aux_loss'] / k, dict(
@@ -210,10 +220,11 @@ def _update_once(state: train.TrainState, batch: RLBatch, *, graph, opt,
   return state, dict(m, loss=loss, grad_norm=grad_norm)
 
 
-@functools.partial(jax.jit, static_argnames=('graph', 'opt', 'cfg', 'moe'),
+@functools.partial(jax.jit, static_argnames=('graph', 'opt', 'cfg', 'moe',
+                                             'correction'),
                    donate_argnums=0)
 def update(state: train.TrainState, batch: RLBatch, *, graph, opt,
-           cfg: RLConfig, moe: tuple = ()):
+           cfg: RLConfig, moe: tuple = (), correction: str = 'none'):
   """`updates_per_batch` optimizer steps on a batch with advantages; (state, metrics).
 
   One step (the recipe's) is strictly on-policy. With more, the batch is
@@ -224,11 +235,12 @@ def update(state: train.TrainState, batch: RLBatch, *, graph, opt,
   `micro_batches` (the same objective). Metrics: means over the steps,
   worst cases (`*_max`, dropped fractions) maxima. `moe`: `exact_moe` of
   the batch (the default, (), keeps the model's configured dispatch, which
-  may drop tokens under `capacity`).
+  may drop tokens under `capacity`). `correction`: see `_loss`
+  (`RLConfig.correction` of the learner's dtype).
   """
   n = cfg.updates_per_batch
   step = functools.partial(_update_once, graph=graph, opt=opt, cfg=cfg,
-                           moe=moe, off_policy=n > 1)
+                           moe=moe, off_policy=n > 1, correction=correction)
   if n == 1:
     return step(state, batch)
   mini = jax.tree.map(lambda x: x.reshape(n, -1, *x.shape[1:]), batch)
@@ -340,6 +352,14 @@ class Learner:
       self._model_cfg = nnx.merge(self.graph, state.params, state.rest).cfg
     return self._model_cfg
 
+  def correction(self, state: train.TrainState) -> str:
+    """The loss's behaviour correction: 'none' when the sampler samples
+    from the learner's own weights (`RLConfig.correction`)."""
+    dtypes = {jnp.dtype(x.dtype) for x in jax.tree.leaves(state.params)
+              if jnp.issubdtype(x.dtype, jnp.floating)}
+    return 'none' if not dtypes else self.cfg.correction(max(
+        dtypes, key=lambda d: d.itemsize))
+
   def parts(self, rows: int) -> list[np.ndarray]:
     """Row indices of each micro-batch of each update (the MoE capacity
     must fit the largest)."""
@@ -372,7 +392,7 @@ class Learner:
     self.capacity = max(self.capacity, dict(moe).get('moe_capacity', 0))
     dev, extra = self.prepare(batch)
     state, m = update(state, dev, graph=self.graph, opt=self.opt, cfg=cfg,
-                      moe=moe)
+                      moe=moe, correction=self.correction(state))
     m = _floats(sharding.to_host(dict(m, **extra)))
     return state, dict(m, moe_capacity=dict(moe).get('moe_capacity', 0),
                        response_length=float(batch.mask.sum(1).mean()))

@@ -34,6 +34,7 @@ from cascade_jax.rl._config import RLConfig
 from cascade_jax.rl._learner import freeze
 from cascade_jax.rl._learner import Learner
 from cascade_jax.rl._learner import load_teachers
+from cascade_jax.rl._sync import SamplerWeights
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -56,9 +57,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
   key0 = jax.random.key(config.seed)
+  sampler = SamplerWeights(graph, rc.sampler_dtype)
+  if sampler.copies(state):
+    print(f'[rl] the sampler runs a {rc.sampler_dtype} copy of the weights; '
+          f'the loss corrects for it: {learner.correction(state)}')
   for step in range(start, config.steps):
     t0 = time.perf_counter()
-    batch, stats = collect(nnx.merge(graph, state.params, state.rest), tok,
+    batch, stats = collect(sampler.model(state), tok,
                            data.stream, rc, jax.random.fold_in(key0, step),
                            reward_fn=rewards.fn, bounded_rewards=rewards.bounded,
                            host_rewards=rewards.model is None,
@@ -66,6 +71,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     t1 = time.perf_counter()
     state, m = learner.step(state, batch)
     m = dict(step_metrics(stats), **m, **rewards.metrics())
+    if sampler.copies(state):
+      m['weight_sync_s'] = sampler.last_sync_s
     if batch.learn:
       m['train_s'] = time.perf_counter() - t1
     m['step_s'] = time.perf_counter() - t0
