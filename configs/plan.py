@@ -42,7 +42,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.update(train.placement_defaults())
   del c['mesh']                     # the plan's meshes are `meshes`
   c.platform = 'auto'               # 'auto' (TPU if libtpu), 'tpu', 'cpu'
-  c.steps = 'sft,grpo,mopd,prefill,decode'
+  c.steps = 'sft,grpo,mopd,prefill,decode,sync'
+  # The sampler's weights (prefill, decode; `sync` makes them from the
+  # learner's): '' the model's own param dtype, or the RL stage's
+  # rl.sampler_dtype ('bfloat16' at scale: half the bytes a decode step reads).
+  c.sampler_dtype = ''
   c.ops_strict = True
   # XLA options for the TPU compiles (not the CPU fallback's), e.g.
   # dict(xla_tpu_scoped_vmem_limit_kib=65536) as MaxText raises it.
@@ -62,6 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             moe=dict(ragged_buffer_factor=2.0)))))
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
+    c.sampler_dtype = 'bfloat16'      # the sampler reads a bf16 copy
     # Per device the shapes are the same on every mesh: one mesh's costs
     # (each a third of the plan's compile time) stand for the others'.
     c.cost_meshes = 'v5p-64'
@@ -104,6 +109,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             param_dtype='float32', dtype='bfloat16'))))
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
+    c.sampler_dtype = 'bfloat16'      # the sampler reads a bf16 copy
     c.shapes = ml_collections.ConfigDict(dict(
         sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=RL_SEQ_30B,
         rl_micro_batches=1, rollout_rows=8, prompt_len=2048,
@@ -150,6 +156,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rl_micro_batches=1,
         rollout_rows=2,
         prompt_len=32, cache_len=64))
+    c.sampler_dtype = 'bfloat16'
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '

@@ -165,6 +165,28 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
   assert len(rows) == 2 and len(rows[0]) == len(header)
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
+def test_plan_weight_sync_and_a_bf16_sampler_inference_layout():
+  # The sampler's steps read the bf16 copy the sync makes: the sync's
+  # arguments are the fp32 weights a device holds, its output half that,
+  # and it moves both once; a decode step holds half the weight bytes.
+  c = plan_config.get_config('small')
+  c.only, c.steps = 'fsdp2_tensor2_expert2', 'decode,sync'
+  bf16 = aot.run(c, progress=lambda s: None)
+  c.sampler_dtype = ''
+  fp32 = aot.run(c, progress=lambda s: None)
+  decode, sync = bf16
+  assert sync.step == 'sync' and sync.tokens == 0 and sync.model_flops == 0
+  assert sync.argument_bytes == fp32[1].argument_bytes == sync.state_bytes
+  # (a few integer leaves keep their size)
+  assert sync.output_bytes == pytest.approx(sync.argument_bytes / 2, rel=0.01)
+  assert sync.bytes_accessed == pytest.approx(1.5 * sync.argument_bytes,
+                                              rel=0.01)
+  assert decode.state_bytes == pytest.approx(fp32[0].state_bytes / 2,
+                                            rel=0.01)
+
+
 def test_a_refused_step_keeps_the_compilers_whole_message():
   from cascade_jax.aot import _plan  # pylint: disable=g-import-not-at-top
   c = plan_config.get_config('small')
@@ -256,7 +278,7 @@ def test_plan_on_the_hybrid_preset_compiles_every_step():
   c = plan_config.get_config('small_hybrid')
   costs = aot.run(c, progress=lambda s: None)
   assert [x.step for x in costs] == ['sft', 'grpo', 'mopd', 'prefill',
-                                     'decode']
+                                     'decode', 'sync']
   sft = costs[0]
   batch = 5 * 128 * 4
   assert sft.argument_bytes == pytest.approx(sft.state_bytes + batch,

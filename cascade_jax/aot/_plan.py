@@ -8,6 +8,10 @@ with `jax.ShapeDtypeStruct`s only (no weights exist anywhere):
   mopd     the same update with the teacher's log-probs
   prefill  the sampler's prompt pass, writing the KV cache
   decode   one sampler decode step over the cache
+  sync     the weight sync: the sampler's copy of the learner's weights in
+           the config's `sampler_dtype` (`rl.SamplerWeights`' jitted cast)
+
+The sampler's steps read weights in `sampler_dtype` ('' : the model's own).
 
 and reports, per device: `memory_analysis()` (arguments, outputs,
 temporaries, aliased), `cost_analysis()` FLOPs and bytes accessed, an
@@ -55,7 +59,8 @@ ACCELERATORS = {
     'h200': dict(flops=989e12, hbm_bw=4.8e12, hbm=141e9),
     'v5p': dict(flops=459e12, hbm_bw=2.76e12, hbm=95e9),
 }
-STEPS = ('sft', 'grpo', 'mopd', 'prefill', 'decode')
+STEPS = ('sft', 'grpo', 'mopd', 'prefill', 'decode', 'sync')
+TRAIN_STEPS = ('sft', 'grpo', 'mopd')
 GB = 1e9
 
 
@@ -239,6 +244,21 @@ def _decode(graph, state, cache, tokens):
   return logits, cache
 
 
+def _sampler_cfg(cfg, shapes):
+  """The model config of the sampler's weights (`sampler_dtype`)."""
+  dtype = shapes.get('sampler_dtype') or cfg.param_dtype
+  return cfg.replace(param_dtype=dtype)
+
+
+def _abstract_sync(cfg, ctx, shapes):
+  """The weight sync: the learner's parameters cast to the sampler's dtype
+  (`rl.SamplerWeights`), shardings kept."""
+  from cascade_jax.rl import _sync  # pylint: disable=g-import-not-at-top
+  params = nnx.state(train.abstract_model(cfg, ctx), nnx.Param)
+  return _sync._cast, (params,), dict(  # pylint: disable=protected-access
+      dtype=_sampler_cfg(cfg, shapes).param_dtype)
+
+
 def _abstract_rollout(cfg, ctx, rows, prompt, length, which):
   model = train.abstract_model(cfg, ctx)
   graph, state = nnx.split(model)
@@ -276,7 +296,10 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
     rows, seq = shapes['rl_rows'], shapes['rl_seq']
     return _abstract_rl(cfg, ctx, opt, rows, seq, step,
                         shapes.get('rl_micro_batches', 1)) + (rows * seq,)
+  if step == 'sync':
+    return _abstract_sync(cfg, ctx, shapes) + (0,)
   rows = shapes['rollout_rows']
+  cfg = _sampler_cfg(cfg, shapes)
   return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
                            shapes['cache_len'], step) + (
                                rows * (shapes['prompt_len'] if step == 'prefill'
@@ -287,7 +310,7 @@ def _compile(step: str, cfg, ctx, opt, shapes):
   """(compiled step, tokens it processes, bytes of state per device)."""
   fn, args, kw, tokens = _abstract_step(step, cfg, ctx, opt, shapes)
   # The weights (and optimizer state) one device holds, from the shapes.
-  state = args[0] if step in ('sft', 'grpo', 'mopd') else args[1]
+  state = args[0] if step in TRAIN_STEPS + ('sync',) else args[1]
   # Traced with the mesh's first device as the default: the ops pick their
   # kernels by its platform (a TPU topology's: splash, tokamax).
   dev = ctx.mesh.devices.flat[0]
@@ -377,7 +400,7 @@ def _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name, error,
   """The StepCost of a step the compiler refused for want of device memory
   (a real TPU compile checks the chip's HBM): what it said it needs."""
   _, args, _, tokens = _abstract_step(step, cfg, ctx, opt, shapes)
-  state = args[0] if step in ('sft', 'grpo', 'mopd') else args[1]
+  state = args[0] if step in TRAIN_STEPS + ('sync',) else args[1]
   found = re.search(r'HLO temporaries \(([\d.]+)([KMGT])\)', error)
   scale = dict(K=1e3, M=1e6, G=1e9, T=1e12)
   temp = float(found.group(1)) * scale[found.group(2)] if found else math.nan
@@ -402,6 +425,8 @@ def model_flops(step: str, cfg, tokens: int, context: float = 0.0) -> float:
   x head_dim x `context` (the keys a query sees on average) per token and
   attention layer; a training step's backward twice the forward, plus a
   forward again under full remat. Mamba-2's scan is not counted."""
+  if step == 'sync':   # a cast: no matmul
+    return 0.0
   pc = model_lib.count_params(cfg)
   per_token = 2 * (pc.active - pc.embedding)
   per_token += (4 * cfg.num_heads * cfg.head_dim * context *
@@ -418,7 +443,7 @@ def attention_context(step: str, shapes: Mapping[str, int]) -> float:
           'grpo': shapes.get('rl_seq', 0) / 2,
           'mopd': shapes.get('rl_seq', 0) / 2,
           'prefill': shapes.get('prompt_len', 0) / 2,
-          'decode': shapes.get('cache_len', 0)}[step]
+          'decode': shapes.get('cache_len', 0), 'sync': 0}[step]
 
 
 def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
@@ -476,7 +501,8 @@ def _run(config, progress, on_step) -> list[StepCost]:
     cost_meshes = [m.strip() for m in config.get('cost_meshes', '').split(',')
                    if m.strip()]
     for variant, over in _variants(config):
-      shapes = mesh_shapes({**config.shapes.to_dict(), **over}, n)
+      shapes = dict(mesh_shapes({**config.shapes.to_dict(), **over}, n),
+                    sampler_dtype=config.get('sampler_dtype', ''))
       for step in steps:
         cost = compile_step(step, cfg, ctx, opt, shapes, platform, name,
                             with_cost=not cost_meshes or name in cost_meshes)
