@@ -156,7 +156,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         sft_rows=1, sft_seq=128, rl_rows=1, rl_seq=64, rl_micro_batches=1,
         rollout_rows=2,
         prompt_len=32, cache_len=64))
-    c.sampler_dtype = 'bfloat16'
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '

@@ -25,7 +25,6 @@ from absl import flags
 from cascade_jax import ops
 from cascade_jax import rollout
 from cascade_jax import utils
-from cascade_jax.ops import _cpu
 
 _OUT = flags.DEFINE_string('out', '', 'Writes results.json here if set.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Interleaved rounds.')
@@ -36,17 +35,17 @@ _PROMPT = flags.DEFINE_integer('prompt_len', 128, 'Prompt tokens a row.')
 
 def _setting(name: str, auto: dict) -> dict[str, str]:
   """The forced implementation of each kernel op for a setting."""
-  on = {'none': set(), 'all': set(_cpu.KERNEL_OPS),
-        'auto': {op for op in _cpu.KERNEL_OPS if auto[op]['use']}}[name]
-  return {op: 'cpu_kernel' if op in on else 'xla' for op in _cpu.KERNEL_OPS}
+  on = {'none': set(), 'all': set(ops.CPU_KERNEL_OPS),
+        'auto': {op for op in ops.CPU_KERNEL_OPS if auto[op]['use']}}[name]
+  return {op: 'cpu_kernel' if op in on else 'xla' for op in ops.CPU_KERNEL_OPS}
 
 
 def main(argv):
   del argv
   if jax.default_backend() != 'cpu':
     raise SystemExit('bench_cpu_kernels: the CPU kernels run on the CPU only')
-  auto = _cpu.calibration()          # measured now if not cached
-  model = _cpu._main_job_model()      # pylint: disable=protected-access
+  auto = ops.cpu_kernel_calibration()          # measured now if not cached
+  model = rollout.main_job_model()
   rng = np.random.RandomState(0)
   settings = ('none', 'all', 'auto')
   tok_s = {(s, int(b)): [] for s in settings for b in _BATCHES.value}
@@ -78,7 +77,7 @@ def main(argv):
                                  for s in settings},
                      auto_vs_none=round(med['auto'] / med['none'], 3),
                      auto_vs_all=round(med['auto'] / med['all'], 3)))
-  chosen = [op for op in _cpu.KERNEL_OPS if auto[op]['use']] or ['none']
+  chosen = [op for op in ops.CPU_KERNEL_OPS if auto[op]['use']] or ['none']
   print(f"\nauto on this machine: {', '.join(chosen)}")
   print(f"{'batch':>5} {'none tok/s':>11} {'all tok/s':>10} {'auto tok/s':>11}"
         f" {'auto/none':>9} {'auto/all':>8}")

@@ -262,6 +262,44 @@ def test_cpu_kernel_modes(monkeypatch):
     _cpu.kernel_enabled('attention')
 
 
+@pytest.mark.parametrize('index, t', [(0, 1), (700, 1), (1535, 1),
+                                      (1020, 7), (0, 300)])
+def test_cache_attention_reads_the_written_blocks_only(index, t):
+  # The decode path over a long cache reads only the blocks written so far
+  # (a loop with a dynamic trip count): equal to reading the whole cache,
+  # for tokens that see a slot; slots past the written ones hold garbage
+  # that must not leak in.
+  b, n, kh, h, s = 3, 4, 2, 16, 2048
+  ks = jax.random.split(jax.random.key(index + t), 6)
+  q = jax.random.normal(ks[0], (b, t, n, h))
+  kn = jax.random.normal(ks[1], (b, t, kh, h))
+  vn = jax.random.normal(ks[2], (b, t, kh, h))
+  ck = jax.random.normal(ks[3], (b, kh, h, s)) * 100     # garbage beyond
+  cv = jax.random.normal(ks[4], (b, kh, s, h)) * 100
+  slot = jnp.arange(s)
+  pos = index + jnp.arange(t)
+  # Causal over the written slots; row 1 starts 40 slots later (left
+  # padding); row 2's last token is padding and sees nothing.
+  start = jnp.array([0, 40, 0])[:, None, None]
+  mask = (slot[None, None] <= pos[None, :, None]) & (
+      slot[None, None] >= start)
+  mask = mask.at[2, -1].set(False)
+  assert _attention.written_blocks_ok(s) is True
+  want = _attention._cache_xla(q, kn, vn, ck, cv, mask, index, h ** -0.5)
+  got = jax.jit(_attention._cache_written, static_argnums=(7,))(
+      q, kn, vn, ck, cv, mask, index, h ** -0.5)
+  sees = np.asarray(mask.any(-1))                      # [B, T]
+  assert sees.any() and not sees.all()
+  np.testing.assert_allclose(np.asarray(got[0])[sees],
+                             np.asarray(want[0])[sees], atol=2e-5, rtol=1e-5)
+  assert float(np.abs(np.asarray(got[0])[~sees]).max()) == 0.0
+  for a, w in zip(got[1:], want[1:]):
+    np.testing.assert_array_equal(a, w)
+  # Short caches and caches off the block are read whole (not a fallback).
+  assert isinstance(_attention.written_blocks_ok(1024), _registry.Elsewhere)
+  assert isinstance(_attention.written_blocks_ok(2100), _registry.Elsewhere)
+
+
 @pytest.mark.skipif(_build._library() is None,
                     reason='the CPU kernels cannot be built here')
 def test_calibration_is_measured_once_and_decides(monkeypatch, tmp_path,
@@ -311,7 +349,8 @@ def test_calibration_times_the_samplers_step_with_each_subset(monkeypatch):
   monkeypatch.setenv(_cpu.ENV, 'auto')
   monkeypatch.setattr(_cpu, 'calibration', lambda: pytest.fail(
       'the calibration asked for itself'))
-  model = _cpu._main_job_model()
+  from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
+  assert rollout.main_job_model().cfg.vocab_size == 1024   # registered
   targets = dict(moe_decode='cascade_jax_moe_ffn',
                  cache_attention='cascade_jax_cache_attention',
                  argmax='cascade_jax_argmax')
@@ -321,7 +360,7 @@ def test_calibration_times_the_samplers_step_with_each_subset(monkeypatch):
     with _registry.unrecorded():
       for on in (frozenset(), frozenset({'moe_decode', 'argmax'}),
                  frozenset({'cache_attention'})):
-        fn, args = _cpu._decode_steps(model, 8, on)
+        fn, args = _cpu._decode_steps(8, on)
         text = fn.lower(*args).as_text()
         assert {op for op, t in targets.items() if t in text} == on
   finally:

@@ -238,3 +238,35 @@ def test_cached_forward_equals_the_full_forward(pattern):
         segment_ids_bt=seg[:, t:t + 1], cache=cache, layouts=layouts)
     np.testing.assert_allclose(got, ref[:, t:t + 1], atol=1e-5)
   assert int(cache.index) == 8
+
+def test_a_long_cache_is_read_in_written_blocks_with_the_same_samples():
+  # A 2k-slot generation: the decode steps read only the cache blocks
+  # written so far (ops 'xla_written'); the samples and their log-probs are
+  # those of reading the whole cache every step.
+  from cascade_jax import ops  # pylint: disable=g-import-not-at-top
+  m = model.Transformer(model.tiny(vocab_size=48, pattern='*E'),
+                        rngs=nnx.Rngs(2))
+  cfg = rollout.SampleConfig(max_new_tokens=1100, temperature=1.0,
+                             prompt_bucket=8)
+  prompts = _prompts([1000, 977])
+  assert ops.cache_slots(1000 + 1100) == 2560
+  out = {}
+  for impl in ('xla_written', 'xla'):
+    jax.clear_caches()     # a compiled sampler keeps the ops it was traced with
+    ops.reset_selected()
+    with ops.forced(cache_attention=impl, argmax='xla', moe_decode='xla'):
+      out[impl] = rollout.generate(m, prompts, cfg=cfg, stop_ids=(),
+                                   key=jax.random.key(4))
+    assert ops.selected()['cache_attention'] == [f'{impl} (cpu, float32)']
+  a, b = out['xla_written'], out['xla']
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+  # And the default picks the written blocks for such a cache (after the
+  # CPU kernel, where it runs: CASCADE_JAX_CPU_KERNELS=1).
+  jax.clear_caches()
+  ops.reset_selected()
+  with ops.forced(argmax='xla', moe_decode='xla'):
+    rollout.generate(m, prompts, cfg=cfg, stop_ids=(), key=jax.random.key(4))
+  want = ('cpu_kernel' if ops.cpu_kernel_enabled('cache_attention') is True
+          else 'xla_written')
+  assert ops.selected()['cache_attention'] == [f'{want} (cpu, float32)']

@@ -253,9 +253,8 @@ def _sampler_cfg(cfg, shapes):
 def _abstract_sync(cfg, ctx, shapes):
   """The weight sync: the learner's parameters cast to the sampler's dtype
   (`rl.SamplerWeights`), shardings kept."""
-  from cascade_jax.rl import _sync  # pylint: disable=g-import-not-at-top
   params = nnx.state(train.abstract_model(cfg, ctx), nnx.Param)
-  return _sync._cast, (params,), dict(  # pylint: disable=protected-access
+  return rl.cast_weights, (params,), dict(
       dtype=_sampler_cfg(cfg, shapes).param_dtype)
 
 

@@ -2,7 +2,8 @@
 
   grouped_matmul   xla (CPU) | tokamax (GPU, TPU)
   attention        xla (CPU, fp32) | cudnn (GPU) | splash (TPU) | tokamax
-  cache_attention  xla | cpu_kernel (CPU fp32, where measured faster)
+  cache_attention  xla | cpu_kernel (CPU fp32, where measured faster) |
+                   xla_written (a long cache: only its written blocks)
   moe_decode       xla (the sampler's layouts) | cpu_kernel (likewise)
   argmax           xla | cpu_kernel (likewise)
   token_logprobs   xla
@@ -20,12 +21,15 @@ from cascade_jax.ops._attention import apply_rope
 from cascade_jax.ops._attention import attention
 from cascade_jax.ops._attention import attention_mask
 from cascade_jax.ops._attention import cache_attention
+from cascade_jax.ops._attention import cache_slots
 from cascade_jax.ops._attention import rms_norm
 from cascade_jax.ops._collectives import axis_index
 from cascade_jax.ops._collectives import expert_exchange
 from cascade_jax.ops._collectives import ragged_all_to_all
 from cascade_jax.ops._cpu import calibration as cpu_kernel_calibration
+from cascade_jax.ops._cpu import KERNEL_OPS as CPU_KERNEL_OPS
 from cascade_jax.ops._cpu import kernel_enabled as cpu_kernel_enabled
+from cascade_jax.ops._cpu import register_decode_benchmark
 from cascade_jax.ops._decode import argmax
 from cascade_jax.ops._decode import moe_decode_uses_kernel
 from cascade_jax.ops._decode import moe_ffn

@@ -262,6 +262,86 @@ def _cache_xla(q, k_new, v_new, cache_k, cache_v, mask_bts, index, scale):
   return out.reshape(b, t, n, h), keys, values
 
 
+# The written-blocks path: cache blocks of this many slots, for caches of
+# at least WRITTEN_MIN_BLOCKS of them (shorter ones read the whole cache in
+# one matmul: the main job's 256 slots, where a loop costs more than it saves).
+WRITTEN_BLOCK = 512
+WRITTEN_MIN_BLOCKS = 4
+
+
+def written_blocks_ok(slots: int, block: int = WRITTEN_BLOCK) -> bool | str:
+  """Whether a cache of `slots` is read in written blocks, else why not."""
+  if slots % block:
+    return _registry.elsewhere(f'the cache ({slots} slots) is not a multiple '
+                               f'of the {block}-slot block')
+  if slots < WRITTEN_MIN_BLOCKS * block:
+    return _registry.elsewhere(f'a short cache ({slots} slots < '
+                               f'{WRITTEN_MIN_BLOCKS} blocks) is read whole')
+  return True
+
+
+def cache_slots(n: int) -> int:
+  """The slots to allocate for a cache of `n`: a long one rounded up to the
+  written-blocks path's block (the extra slots are never written, and so
+  never seen), a short one as it is."""
+  if n < WRITTEN_MIN_BLOCKS * WRITTEN_BLOCK:
+    return n
+  return -(-n // WRITTEN_BLOCK) * WRITTEN_BLOCK
+
+
+def _cache_written(q, k_new, v_new, cache_k, cache_v, mask_bts, index, scale,
+                   block: int = WRITTEN_BLOCK):
+  """`_cache_xla` reading only the blocks written so far.
+
+  Slots [0, index + T) rounded up to `block` are read, one block at a time
+  in a loop with a dynamic trip count (online softmax: a running maximum,
+  sum and weighted values), so a decode step's cost follows the length
+  written, not the cache's size: early in a 10k-slot generation a step
+  reads one block of it. Slots past the written ones are masked anyway
+  (segment 0), so the result is `_cache_xla`'s up to float order, for
+  every token that sees a slot (a padding token that sees none gets 0).
+  """
+  b, t, n, h = q.shape
+  kh = cache_k.shape[1]
+  g = n // kh
+  dt = q.dtype
+  keys = jax.lax.dynamic_update_slice_in_dim(
+      cache_k, k_new.transpose(0, 2, 3, 1).astype(cache_k.dtype), index, axis=3)
+  values = jax.lax.dynamic_update_slice_in_dim(
+      cache_v, v_new.transpose(0, 2, 1, 3).astype(cache_v.dtype), index, axis=2)
+  q = q.reshape(b, t, kh, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kh, t * g, h)
+  blocks = (index + t + block - 1) // block
+
+  def body(j, carry):
+    top, total, acc = carry            # [B, K, T, G], same, [B, K, T*G, H]
+    kb = jax.lax.dynamic_slice_in_dim(keys, j * block, block, axis=3)
+    vb = jax.lax.dynamic_slice_in_dim(values, j * block, block, axis=2)
+    seen = jax.lax.dynamic_slice_in_dim(mask_bts, j * block, block, axis=2)
+    seen = seen[:, None, :, None]      # [B, 1, T, 1, block]
+    logits = jnp.einsum('bkqh,bkhs->bkqs', q, kb.astype(dt),
+                        preferred_element_type=jnp.float32)
+    logits = jnp.where(seen, logits.reshape(b, kh, t, g, block) * scale,
+                       -jnp.inf)
+    new_top = jnp.maximum(top, logits.max(-1))
+    safe = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
+    p = jnp.where(seen, jnp.exp(logits - safe[..., None]), 0.0)
+    fade = jnp.where(jnp.isfinite(top), jnp.exp(top - safe), 0.0)
+    total = total * fade + p.sum(-1)
+    pv = jnp.einsum('bkqs,bksh->bkqh', p.reshape(b, kh, t * g, block),
+                    vb.astype(jnp.float32))
+    acc = acc * fade.reshape(b, kh, t * g, 1) + pv
+    return new_top, total, acc
+
+  init = (jnp.full((b, kh, t, g), -jnp.inf, jnp.float32),
+          jnp.zeros((b, kh, t, g), jnp.float32),
+          jnp.zeros((b, kh, t * g, h), jnp.float32))
+  _, total, acc = jax.lax.fori_loop(0, blocks, body, init)
+  total = total.reshape(b, kh, t * g, 1)
+  out = jnp.where(total > 0, acc / jnp.where(total > 0, total, 1.0), 0.0)
+  out = out.astype(dt).reshape(b, kh, t, g, h).transpose(0, 2, 1, 3, 4)
+  return out.reshape(b, t, n, h), keys, values
+
+
 def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
                     mask_bts, index, *, scale: float,
                     qk_norm: tuple[jax.Array, jax.Array] | None = None,
@@ -294,9 +374,12 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
   elif kernel is True and sharded:
     kernel = _registry.elsewhere(
         'a sharded cache (a custom call has no SPMD rule)')
-  name = _registry.pick('cache_attention', [('cpu_kernel', kernel),
-                                            ('xla', True)],
-                        dtype=q_btnh.dtype)
+  name = _registry.pick(
+      'cache_attention', [('cpu_kernel', kernel),
+                          ('xla_written', written_blocks_ok(
+                              cache_k_bkhs.shape[3])),
+                          ('xla', True)],
+      dtype=q_btnh.dtype, shape=f'cache {tuple(cache_k_bkhs.shape)}')
   if name == 'cpu_kernel':
     out, ck, cv = kernels.cache_attention(
         q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts,
@@ -307,9 +390,10 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
     q, k = rms_norm(q, qk_norm[0], norm_eps), rms_norm(k, qk_norm[1], norm_eps)
   if rope is not None:
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-  return _cache_xla(q, k, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts,
-                    index, scale)
+  impl = _cache_written if name == 'xla_written' else _cache_xla
+  return impl(q, k, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts, index,
+              scale)
 
 
 __all__ = ['apply_rope', 'attention', 'attention_mask', 'cache_attention',
-           'rms_norm']
+           'cache_slots', 'rms_norm']

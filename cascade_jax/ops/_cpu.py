@@ -21,7 +21,6 @@ was killed (the kernels and XLA round differently).
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
 import json
 import os
@@ -29,7 +28,6 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
 from absl import logging
 
 from cascade_jax import kernels
@@ -96,51 +94,30 @@ _SLOTS = 256        # its cache: prompts of up to ~200 tokens + 48 new
 _CALIBRATING = threading.Event()   # set while _measure runs (no recursion)
 
 
-def _main_job_model():
-  """The main job's model (configs/sft.py: `small`, vocab 1024, *E*E)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from cascade_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  cfg = model_lib.small(vocab_size=1024, pattern='*E*E')
-  return model_lib.Transformer(cfg, rngs=nnx.Rngs(0))
+# The sampler's decode step for the calibration, registered by
+# cascade_jax.rollout (which sits above ops: `register_decode_benchmark`).
+_BENCHMARK: list = []
 
 
-def _decode_steps(model, b: int, kernels_on: frozenset):
-  """The sampler's decode step (`rollout._decode.forward` over a KV cache,
-  then the next token's argmax) traced with exactly `kernels_on`, as a
-  jitted loop of `_STEPS` steps, and its arguments."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from cascade_jax import model as model_lib  # pylint: disable=g-import-not-at-top
-  from cascade_jax.ops import _decode as ops_decode  # pylint: disable=g-import-not-at-top
-  from cascade_jax.rollout import _decode  # pylint: disable=g-import-not-at-top
-  graph, state = nnx.split(model)
-  start = _SLOTS - _STEPS - 1
+def register_decode_benchmark(make) -> None:
+  """`make(batch, steps, slots) -> (fn, args)`: a new jitted function
+  running `steps` of the sampler's decode step (the main job's model over a
+  KV cache of `slots`) and its arguments; traced at its first call, under
+  the kernels the calibration forces."""
+  _BENCHMARK[:] = [make]
 
-  def steps(state, cache, tok):   # a new function: a trace of its own
-    m = nnx.merge(graph, state)
-    layouts = _decode.model_decode_weights(m, b)
 
-    def body(i, c):
-      cache, tok = c
-      logits, cache, _ = _decode.forward(
-          m, tok[:, None], positions_bt=jnp.full((b, 1), start) + i,
-          segment_ids_bt=jnp.ones((b, 1), jnp.int32), cache=cache,
-          layouts=layouts)
-      return cache, ops_decode.argmax(logits[:, -1])
-    return jax.lax.fori_loop(0, _STEPS, body, (cache, tok))[1]
-
-  # A cache written up to `start`, as after a prompt.
-  cache = dataclasses.replace(
-      model_lib.init_cache(model.cfg, b, _SLOTS),
-      positions=jnp.broadcast_to(jnp.arange(_SLOTS, dtype=jnp.int32),
-                                 (b, _SLOTS)),
-      segment_ids=jnp.ones((b, _SLOTS), jnp.int32),
-      index=jnp.asarray(start, jnp.int32))
-  tok = jnp.arange(b, dtype=jnp.int32) % model.cfg.vocab_size
-  fn = jax.jit(steps)
+def _decode_steps(b: int, kernels_on: frozenset):
+  """The registered decode step, traced and compiled with exactly
+  `kernels_on`: (fn, args)."""
+  if not _BENCHMARK:
+    raise RuntimeError('no decode benchmark registered (cascade_jax.rollout '
+                       'registers it on import)')
+  fn, args = _BENCHMARK[0](b, _STEPS, _SLOTS)
   with _registry.forced(**{op: 'cpu_kernel' if op in kernels_on else 'xla'
                            for op in KERNEL_OPS}):
-    jax.block_until_ready(fn(state, cache, tok))   # traced and compiled here
-  return fn, (state, cache, tok)
+    jax.block_until_ready(fn(*args))   # traced and compiled here
+  return fn, args
 
 
 def _subsets():
@@ -168,16 +145,20 @@ def _measure() -> dict:
   """
   big, small = BATCHES
   none = frozenset()
+  if not _BENCHMARK:
+    # ops used without the sampler (nothing to time): no kernel, and not
+    # cached, so that a process with the sampler decides.
+    return {op: dict(use=False, kernel_us=[], xla_us=[], sizes=[])
+            for op in KERNEL_OPS} | {'uncached': True}
   _CALIBRATING.set()
   try:
     with _registry.unrecorded():
-      model = _main_job_model()
-      at_big = _time_all({c: _decode_steps(model, big, c) for c in _subsets()})
+      at_big = _time_all({c: _decode_steps(big, c) for c in _subsets()})
       chosen, at_small = none, {}
       for c in sorted(at_big, key=at_big.get):
         if not at_big[c] < MARGIN * at_big[none]:
           break
-        at_small = _time_all({k: _decode_steps(model, small, k)
+        at_small = _time_all({k: _decode_steps(small, k)
                               for k in (c, none)})
         if at_small[c] <= 1.05 * at_small[none]:
           chosen = c
@@ -217,9 +198,10 @@ def calibration() -> dict:
     # nothing). JAX's trace state is per thread, so measure in a fresh one.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
       result = pool.submit(_measure).result()
-    tmp = path.with_suffix(f'.tmp{os.getpid()}')
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, path)
+    if not result.get('uncached'):
+      tmp = path.with_suffix(f'.tmp{os.getpid()}')
+      tmp.write_text(json.dumps(result, indent=1))
+      os.replace(tmp, path)
     took = time.perf_counter() - t0
   parts = [f"{op} {'kernel' if r['use'] else 'xla'} "
            f"({'/'.join(map(str, r['kernel_us']))} vs "

@@ -49,7 +49,7 @@ class FallbackError(ValueError):
 IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
     'grouped_matmul': ('xla', 'tokamax'),
     'attention': ('xla', 'cudnn', 'tokamax', 'splash'),
-    'cache_attention': ('xla', 'cpu_kernel'),
+    'cache_attention': ('xla', 'cpu_kernel', 'xla_written'),
     'moe_decode': ('xla', 'cpu_kernel'),
     'argmax': ('xla', 'cpu_kernel'),
     'token_logprobs': ('xla',),

@@ -26,7 +26,7 @@ from cascade_jax import train
 
 
 @functools.partial(jax.jit, static_argnames='dtype')
-def _cast(params, *, dtype):
+def cast_weights(params, *, dtype: str):
   """Every float leaf wider than `dtype` cast to it; shardings kept."""
   def leaf(x):
     if (jnp.issubdtype(x.dtype, jnp.floating) and
@@ -61,6 +61,7 @@ class SamplerWeights:
       self.last_sync_s = 0.0
       return nnx.merge(self.graph, state.params, state.rest)
     t0 = time.perf_counter()
-    params = jax.block_until_ready(_cast(state.params, dtype=self.dtype.name))
+    params = jax.block_until_ready(
+        cast_weights(state.params, dtype=self.dtype.name))
     self.last_sync_s = time.perf_counter() - t0
     return nnx.merge(self.graph, params, state.rest)

@@ -1,5 +1,6 @@
 """The rollout engine: jitted KV-cache sampling shared by RL and evaluation."""
 
+from cascade_jax.rollout._calibrate import main_job_model
 from cascade_jax.rollout._decode import decode_forward
 from cascade_jax.rollout._decode import decode_weights
 from cascade_jax.rollout._decode import DecodeWeights

@@ -160,7 +160,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   pos = jnp.arange(p)[None, :] - (p - prompt_len_b[:, None])   # left-padded
   seg = (pos >= 0).astype(jnp.int32)
   if cache_buffers is None:
-    cache = model_lib.init_cache(model.cfg, b, p + n)
+    cache = model_lib.init_cache(model.cfg, b, ops.cache_slots(p + n))
   else:  # zeroed in the donated buffers themselves (kept: keep_unused)
     cache = jax.tree.map(jnp.zeros_like, cache_buffers)
   # The experts laid out once for the decode steps' b tokens (exact paths,
@@ -293,10 +293,11 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
   # call otherwise, and its first touch page-faults (at batch 64 in the
   # benchmark, 25 MB: ~10 ms of a 400 ms generation).
   reuse = jax.default_backend() == 'cpu' and getattr(model, 'ctx', None) is None
-  pool_key = (model.cfg, b, p + cfg.max_new_tokens)
+  slots = ops.cache_slots(p + cfg.max_new_tokens)
+  pool_key = (model.cfg, b, slots)
   buffers = _CACHE_POOL.pop(pool_key, None) if reuse else None
   if reuse and buffers is None:
-    buffers = _new_cache(model.cfg, b, p + cfg.max_new_tokens)
+    buffers = _new_cache(model.cfg, b, slots)
   out, cache = _generate(graph, state, tokens_bp, lengths_b, key,
                          buffers, cfg=cfg, stop_ids=stop_tuple(stop_ids),
                          pad_id=pad_id,

@@ -38,6 +38,7 @@ import numpy as np
 from flax import nnx
 
 from cascade_jax import model as model_lib
+from cascade_jax import ops
 from cascade_jax import sharding
 from cascade_jax.rollout import _decode
 from cascade_jax.rollout import _sampler
@@ -194,7 +195,8 @@ class Conversation:
     self.max_slots = max_slots
     self.index = 0
     self.next_pos = np.zeros(self.batch, np.int32)
-    self.cache = model_lib.init_cache(model.cfg, self.batch, max_slots)
+    self.cache = model_lib.init_cache(model.cfg, self.batch,
+                                      ops.cache_slots(max_slots))
     vocab = model.cfg.vocab_size
     self.logits = jnp.zeros((self.batch, vocab), jnp.float32)
     self.first_experts = self.append(dict(enumerate(prompts)), bucket=1,

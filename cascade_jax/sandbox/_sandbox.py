@@ -50,6 +50,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+from absl import logging
+
 _BOOT = open(os.path.join(os.path.dirname(__file__), '_boot.py')).read()
 _ENV = {'PATH': '/usr/bin:/bin', 'LANG': 'C.UTF-8', 'HOME': '/tmp',
         'TMPDIR': '/tmp', 'PYTHONDONTWRITEBYTECODE': '1',
@@ -332,10 +334,20 @@ class Sandbox:
       if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
 
-  def _kill_uid(self, uid):
-    """SIGKILL every process of `uid`: kill(-1) sent as that uid."""
-    for _ in range(10):
-      if not _pids_of_uid(uid):
+  def _kill_uid(self, uid, deadline_s: float = 10.0):
+    """SIGKILL every process of `uid` (kill(-1) sent as that uid) until none
+    is left: a process forked while the signal went out, or one slow to die
+    on a loaded machine, is killed by a later round (10 rounds of 10 ms let
+    a daemonised grandchild survive under load). Past `deadline_s` the
+    survivors are named in the log."""
+    end = time.monotonic() + deadline_s
+    while True:
+      pids = _pids_of_uid(uid)
+      if not pids:
+        return
+      if time.monotonic() > end:
+        logging.warning('sandbox: processes of uid %d survive SIGKILL: %s',
+                        uid, pids)
         return
       subprocess.run(
           [_KILL, '-9', '-1'], user=uid, group=uid, extra_groups=[], env=_ENV,
