@@ -3,7 +3,7 @@
   grouped_matmul   xla (CPU) | tokamax (GPU, TPU)
   attention        xla (CPU, fp32) | cudnn (GPU) | splash (TPU) | tokamax
   cache_attention  xla | cpu_kernel (CPU fp32, where measured faster) |
-                   xla_written (a long cache: only its written blocks)
+                   xla_written (forced only: a long cache's written blocks)
   moe_decode       xla (the sampler's layouts) | cpu_kernel (likewise)
   argmax           xla | cpu_kernel (likewise)
   token_logprobs   xla

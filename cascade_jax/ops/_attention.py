@@ -374,11 +374,13 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
   elif kernel is True and sharded:
     kernel = _registry.elsewhere(
         'a sharded cache (a custom call has no SPMD rule)')
+  # 'xla_written' only when forced (--config.ops=cache_attention=xla_written):
+  # on this CPU it ran 8 x slower than the whole-cache read at 4,096 slots
+  # (docs/results/decode_cache_2026-12-03); unmeasured on accelerators.
   name = _registry.pick(
-      'cache_attention', [('cpu_kernel', kernel),
+      'cache_attention', [('cpu_kernel', kernel), ('xla', True),
                           ('xla_written', written_blocks_ok(
-                              cache_k_bkhs.shape[3])),
-                          ('xla', True)],
+                              cache_k_bkhs.shape[3]))],
       dtype=q_btnh.dtype, shape=f'cache {tuple(cache_k_bkhs.shape)}')
   if name == 'cpu_kernel':
     out, ck, cv = kernels.cache_attention(
