@@ -237,6 +237,21 @@ def test_export_of_an_import_is_the_checkpoint_bit_for_bit(on_mesh, tmp_path):
                                 _hf_logits(load(src).eval(), _tokens()))
 
 
+def _chat_checkpoint(src: str, positions: int) -> tuple[str, int]:
+  """A tiny transformers-written Qwen3-MoE with a BPE tokenizer and chat
+  template in `src`: (src, the tokenizer's vocabulary size)."""
+  import _hf_fixtures  # pylint: disable=g-import-not-at-top
+  n = load_hf_tokenizer(_hf_fixtures.write_tokenizer(src)).vocab_size
+  torch.manual_seed(0)
+  cfg = transformers.Qwen3MoeConfig(
+      vocab_size=n + 20, hidden_size=32, intermediate_size=48,
+      moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+      norm_topk_prob=True, max_position_embeddings=positions)
+  transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(src)
+  return src, n
+
+
 def test_sft_starts_from_a_transformers_checkpoint(tmp_path):
   """`hf:DIR` as the SFT stage's init_from: imported into the stage
   (weights, the BPE tokenizer, its chat template and stop ids), then
@@ -244,16 +259,7 @@ def test_sft_starts_from_a_transformers_checkpoint(tmp_path):
   any run, with the tokenizer a later stage inherits."""
   from cascade_jax import sft  # pylint: disable=g-import-not-at-top
   from configs import sft as sft_config  # pylint: disable=g-import-not-at-top
-  import _hf_fixtures  # pylint: disable=g-import-not-at-top
-  src = str(tmp_path / 'hf')
-  n = load_hf_tokenizer(_hf_fixtures.write_tokenizer(src)).vocab_size
-  torch.manual_seed(0)
-  cfg = transformers.Qwen3MoeConfig(
-      vocab_size=n + 20, hidden_size=32, intermediate_size=48,
-      moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-      norm_topk_prob=True, max_position_embeddings=1024)
-  transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(src)
+  src, n = _chat_checkpoint(str(tmp_path / 'hf'), 1024)
   c = sft_config.get_config('quick')
   c.mesh = type(c.mesh)({})
   c.init_from = f'hf:{src}'
@@ -280,16 +286,7 @@ def test_quick_cascade_starts_from_a_transformers_checkpoint(tmp_path):
   The learner scores exactly what the sampler drew, through the template."""
   from cascade_jax import cascade  # pylint: disable=g-import-not-at-top
   from configs import cascade as cascade_config  # pylint: disable=g-import-not-at-top
-  import _hf_fixtures  # pylint: disable=g-import-not-at-top
-  src = str(tmp_path / 'hf')
-  n = load_hf_tokenizer(_hf_fixtures.write_tokenizer(src)).vocab_size
-  torch.manual_seed(0)
-  cfg = transformers.Qwen3MoeConfig(
-      vocab_size=n + 20, hidden_size=32, intermediate_size=48,
-      moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-      norm_topk_prob=True, max_position_embeddings=4096)
-  transformers.Qwen3MoeForCausalLM(cfg).save_pretrained(src)
+  src, n = _chat_checkpoint(str(tmp_path / 'hf'), 4096)
   c = cascade_config.get_config('quick')
   c.mesh = type(c.mesh)({})
   c.order = 'sft,if_rl'
