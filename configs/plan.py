@@ -47,6 +47,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # learner's): '' the model's own param dtype, or the RL stage's
   # rl.sampler_dtype ('bfloat16' at scale: half the bytes a decode step reads).
   c.sampler_dtype = ''
+  # ... in rl.sampler_layout: 'inference' (no FSDP on weights, experts over
+  # the FSDP and expert axes, decode's MoE by the ragged exchange) or 'train'.
+  c.sampler_layout = 'inference'
   c.ops_strict = True
   # XLA options for the TPU compiles (not the CPU fallback's), e.g.
   # dict(xla_tpu_scoped_vmem_limit_kib=65536) as MaxText raises it.

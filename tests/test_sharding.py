@@ -220,7 +220,8 @@ def test_expert_parallelism_needs_tokens_split_over_expert_axis():
 
 def test_sharded_sampler_equals_single_device():
   # The sampler on an expert-parallel mesh (its MoE layers decode with the
-  # `dense` path in shard_map) draws what the single-device sampler draws.
+  # `ragged` exchange in shard_map) draws what the single-device sampler
+  # draws.
   from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
   cfg = _cfg('dense')
   prompts = [[5, 6, 7][: 1 + i % 3] + [9] * (i % 2) for i in range(8)]
@@ -233,3 +234,108 @@ def test_sharded_sampler_equals_single_device():
   out = rollout.generate(m, prompts, cfg=sc, stop_ids=-1, key=jax.random.key(3))
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+
+
+def test_inference_layout_rules():
+  rules = sharding.inference_rules(sharding.DEFAULT_RULES)
+  table = dict(rules)
+  assert table['embed'] is None                     # no FSDP on weights
+  assert table['exp'] == ('fsdp', 'expert')         # experts split wider
+  assert table['batch'] == dict(sharding.DEFAULT_RULES)['batch']
+  assert table['heads'] == 'tensor'
+  # The FSDP axis joins only where the experts still divide ...
+  shape = dict(fsdp=3, expert=2)
+  assert dict(sharding.inference_rules(sharding.DEFAULT_RULES, shape, 8))[
+      'exp'] == 'expert'
+  assert dict(sharding.inference_rules(sharding.DEFAULT_RULES, shape, 12))[
+      'exp'] == ('fsdp', 'expert')
+  # ... and where tokens are split over it (expert parallelism needs that).
+  no_fsdp_batch = sharding.rules_from_config({'batch': 'data,expert'})
+  assert dict(sharding.inference_rules(no_fsdp_batch))['exp'] == 'expert'
+
+
+_DT_BYTES = {'f32': 4, 'bf16': 2, 's32': 4, 'u32': 4, 'pred': 1}
+
+
+def _all_gathers(m, sc, prompt_len):
+  """(dtype, shape) of every all-gather in the compiled generation."""
+  import re  # pylint: disable=g-import-not-at-top
+  from cascade_jax.rollout import _sampler  # pylint: disable=g-import-not-at-top
+  graph, state = nnx.split(m)
+  toks = jnp.ones((8, prompt_len), jnp.int32)
+  lens = jnp.full((8,), prompt_len, jnp.int32)
+  text = _sampler._generate.lower(  # pylint: disable=protected-access
+      graph, state, toks, lens, jax.random.key(0), None, cfg=sc,
+      stop_ids=(1,), pad_id=0, record_experts=False).compile().as_text()
+  return {(g[0], tuple(int(x) for x in g[1].split(',') if x))
+          for g in re.findall(r'= (\w+)\[([\d,]*)\][^ ]* all-gather', text)}
+
+
+def _gathered_shapes(params):
+  """Every shape a parameter takes gathered over some of its sharded dims."""
+  import itertools  # pylint: disable=g-import-not-at-top
+  out = set()
+  for x in jax.tree.leaves(params):
+    local = x.sharding.shard_shape(x.shape)
+    for full in itertools.product(*[(a, b) for a, b in zip(x.shape, local)]):
+      if full != tuple(local):
+        out.add(tuple(d for d in full if d != 1))
+  return out
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_weight_sync_to_the_inference_layout_gathers_no_weight(dtype):
+  # The learner holds FSDP x expert-sharded fp32 weights; the sampler's copy
+  # (rl.SamplerWeights, one jitted cast + reshard) holds whole experts over
+  # fsdp x expert and no FSDP split, so the compiled generation all-gathers
+  # tokens only, never a weight, and draws what one device draws.
+  import optax  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rl  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
+  from cascade_jax import train  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(_cfg('capacity'), moe=dataclasses.replace(
+      _cfg('capacity').moe, num_experts=8))
+  sc = rollout.SampleConfig(max_new_tokens=6, temperature=1.0,
+                            prompt_bucket=3)
+  prompts = [[5, 6, 7][: 1 + i % 3] + [9] * (i % 2) for i in range(8)]
+  one = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  ref = rollout.generate(
+      rl.SamplerWeights(*nnx.split(one, nnx.Param, ...)[:1], dtype).model(
+          train.TrainState(*nnx.split(one, nnx.Param, ...)[1:], None, None)),
+      prompts, cfg=sc, stop_ids=-1, key=jax.random.key(3))
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(fsdp=2, expert=4)))
+  m = sharding.shard_model(model.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx),
+                           ctx)
+  graph, state = train.init_state(m, optax.adam(1e-3))
+  before = jax.tree.map(lambda x: x.sharding, state.params)
+  train_layout = rl.SamplerWeights(graph, dtype, ctx=ctx, layout='train')
+  sampler = rl.SamplerWeights(graph, dtype, ctx=ctx)
+  assert sampler.copies(state)
+  sm = sampler.model(state)
+  assert sampler.last_sync_s > 0
+  params = nnx.state(sm, nnx.Param)
+  # The model at `dtype` (its router pinned to fp32), in the inference rules.
+  _, want, _ = rl.sampler_state(cfg, dtype, ctx.for_inference(8))
+  for got, w in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+    assert got.sharding.is_equivalent_to(w.sharding, got.ndim)
+    assert got.dtype == w.dtype
+  assert sm.moe_layers()[0].w_up_edf[...].dtype == jnp.dtype(dtype)
+  w_gate = sm.moe_layers()[0].w_gate_edf[...]
+  assert w_gate.sharding.shard_shape(w_gate.shape) == (1, 16, 16)
+  # The learner's state is untouched.
+  for got, w in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)):
+    assert got.sharding == w and got.dtype == jnp.float32
+
+  out = rollout.generate(sm, prompts, cfg=sc, stop_ids=-1,
+                         key=jax.random.key(3))
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs,
+                             atol=1e-5 if dtype == 'float32' else 2e-2)
+  weights = _gathered_shapes(params)
+  inference = {s for _, s in _all_gathers(sm, sc, 3)}
+  assert inference and not {tuple(d for d in s if d != 1)
+                            for s in inference} & weights, inference
+  # The learner's layout (the test can fail): decode gathers weights.
+  trained = {s for _, s in _all_gathers(train_layout.model(state), sc, 3)}
+  assert {tuple(d for d in s if d != 1) for s in trained} & (
+      _gathered_shapes(state.params))

@@ -9,9 +9,13 @@ with `jax.ShapeDtypeStruct`s only (no weights exist anywhere):
   prefill  the sampler's prompt pass, writing the KV cache
   decode   one sampler decode step over the cache
   sync     the weight sync: the sampler's copy of the learner's weights in
-           the config's `sampler_dtype` (`rl.SamplerWeights`' jitted cast)
+           the config's `sampler_dtype` and `sampler_layout`
+           (`rl.SamplerWeights`' jitted cast and reshard)
 
-The sampler's steps read weights in `sampler_dtype` ('' : the model's own).
+The sampler's steps read weights in `sampler_dtype` ('' : the model's own)
+and `sampler_layout` ('inference': `sharding.inference_rules`, no FSDP
+gathers, experts over the FSDP and expert axes, MoE by the `ragged`
+exchange; 'train': the learner's layout).
 
 and reports, per device: `memory_analysis()` (arguments, outputs,
 temporaries, aliased), `cost_analysis()` FLOPs and bytes accessed, an
@@ -250,16 +254,24 @@ def _sampler_cfg(cfg, shapes):
   return cfg.replace(param_dtype=dtype)
 
 
+def _sampler_ctx(cfg, ctx, shapes):
+  """The mesh and rules of the sampler's weights (`sampler_layout`)."""
+  if shapes.get('sampler_layout', 'inference') == 'train':
+    return ctx
+  return ctx.for_inference(None if cfg.moe is None else cfg.moe.num_experts)
+
+
 def _abstract_sync(cfg, ctx, shapes):
-  """The weight sync: the learner's parameters cast to the sampler's dtype
-  (`rl.SamplerWeights`), shardings kept."""
-  params = nnx.state(train.abstract_model(cfg, ctx), nnx.Param)
-  return rl.cast_weights, (params,), dict(
-      dtype=_sampler_cfg(cfg, shapes).param_dtype)
+  """The weight sync: the learner's weights cast to the sampler's dtype and
+  placed in its layout (`rl.SamplerWeights`)."""
+  _, params, rest = nnx.split(train.abstract_model(cfg, ctx), nnx.Param, ...)
+  target = rl.sampler_state(cfg, _sampler_cfg(cfg, shapes).param_dtype,
+                            _sampler_ctx(cfg, ctx, shapes))[1:]
+  return rl.sync_fn(target), ((params, rest),), {}
 
 
-def _abstract_rollout(cfg, ctx, rows, prompt, length, which):
-  model = train.abstract_model(cfg, ctx)
+def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None):
+  model = train.abstract_model(cfg, model_ctx or ctx)
   graph, state = nnx.split(model)
   cache = _abstract_cache(cfg, ctx, rows, length)
   t = prompt if which == 'prefill' else 1
@@ -298,9 +310,10 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
   if step == 'sync':
     return _abstract_sync(cfg, ctx, shapes) + (0,)
   rows = shapes['rollout_rows']
+  model_ctx = _sampler_ctx(cfg, ctx, shapes)
   cfg = _sampler_cfg(cfg, shapes)
   return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
-                           shapes['cache_len'], step) + (
+                           shapes['cache_len'], step, model_ctx) + (
                                rows * (shapes['prompt_len'] if step == 'prefill'
                                        else 1),)
 
@@ -501,7 +514,8 @@ def _run(config, progress, on_step) -> list[StepCost]:
                    if m.strip()]
     for variant, over in _variants(config):
       shapes = dict(mesh_shapes({**config.shapes.to_dict(), **over}, n),
-                    sampler_dtype=config.get('sampler_dtype', ''))
+                    sampler_dtype=config.get('sampler_dtype', ''),
+                    sampler_layout=config.get('sampler_layout', 'inference'))
       for step in steps:
         cost = compile_step(step, cfg, ctx, opt, shapes, platform, name,
                             with_cost=not cost_meshes or name in cost_meshes)

@@ -30,5 +30,7 @@ from cascade_jax.rl._learner import load_teachers
 from cascade_jax.rl._learner import teacher_rows
 from cascade_jax.rl._learner import update
 from cascade_jax.rl._stage import run
-from cascade_jax.rl._sync import cast_weights
+from cascade_jax.rl._sync import inference_layout
+from cascade_jax.rl._sync import sampler_state
 from cascade_jax.rl._sync import SamplerWeights
+from cascade_jax.rl._sync import sync_fn

@@ -13,6 +13,7 @@ from cascade_jax import rollout
 
 SAMPLER_DTYPES = ('float32', 'bfloat16')
 CORRECTIONS = ('tis', 'mask', 'none')
+SAMPLER_LAYOUTS = ('inference', 'train')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,12 @@ class RLConfig:
   # directly, so sampling stays exactly on-policy) or 'bfloat16' (at
   # scale: half the bytes).
   sampler_dtype: str = 'float32'
+  # On a mesh, the sampler's copy in its own layout: 'inference' (no FSDP
+  # on weights, experts split over the FSDP and expert axes:
+  # `sharding.inference_rules`; decode moves tokens to experts, never
+  # weights) or 'train' (the learner's layout, read as it is). One jitted
+  # reshard after each update; off a mesh nothing changes.
+  sampler_layout: str = 'inference'
   # A sampler that differs from the learner (sampler_dtype not the
   # learner's) is corrected in GRPO's loss: 'tis' weighs each token by
   # min(pi_learner / pi_sampler, tis_cap) (truncated importance sampling),
@@ -117,6 +124,9 @@ class RLConfig:
     if self.sampler_dtype not in SAMPLER_DTYPES:
       raise ValueError(f'rl.sampler_dtype: {self.sampler_dtype!r} not in '
                        f'{SAMPLER_DTYPES}')
+    if self.sampler_layout not in SAMPLER_LAYOUTS:
+      raise ValueError(f'rl.sampler_layout: {self.sampler_layout!r} not in '
+                       f'{SAMPLER_LAYOUTS}')
     if self.behaviour_correction not in CORRECTIONS:
       raise ValueError(f'rl.behaviour_correction: '
                        f'{self.behaviour_correction!r} not in {CORRECTIONS}')

@@ -57,10 +57,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
   key0 = jax.random.key(config.seed)
-  sampler = SamplerWeights(graph, rc.sampler_dtype)
+  sampler = SamplerWeights(graph, rc.sampler_dtype, ctx=setup.ctx,
+                           layout=rc.sampler_layout)
   if sampler.copies(state):
-    print(f'[rl] the sampler runs a {rc.sampler_dtype} copy of the weights; '
-          f'the loss corrects for it: {learner.correction(state)}')
+    print(f'[rl] the sampler runs a {rc.sampler_dtype} copy of the weights '
+          f'in the {rc.sampler_layout} layout; the loss corrects for its '
+          f'dtype: {learner.correction(state)}')
   for step in range(start, config.steps):
     t0 = time.perf_counter()
     batch, stats = collect(sampler.model(state), tok,

@@ -37,7 +37,8 @@ class DecodeWeights:
   `per_expert` and `flat` are laid out once per generation, so that neither
   the prefill nor any step transposes or copies weights; each is itself a
   copy of the layer's expert weights, held while the generation runs
-  (sharded models decode with `dense` in `shard_map` and lay out nothing).
+  (sharded models decode with `MESH_DISPATCH` in `shard_map` and lay out
+  nothing).
   """
   kernel: tuple[jax.Array, jax.Array | None, jax.Array] | None = None
   per_expert: tuple[tuple[jax.Array, jax.Array | None, jax.Array], ...] | None = None
@@ -70,6 +71,13 @@ def decode_weights(ws, num_tokens: int, top_k: int, *, act: str,
 
 
 PREFILL_ROWS_PER_EXPERT = 64
+
+# A sharded model's MoE layers in the sampler: `ragged`, each (token,
+# choice) pair sent to its expert's shard and back (`ragged_all_to_all` on
+# GPU / TPU, all-gathered tokens on CPU: `ops.expert_exchange`), grouped
+# matmuls over the chosen experts' rows; exact (no drops), unlike `dense`,
+# which runs every local expert on every token of the expert group.
+MESH_DISPATCH = 'ragged'
 
 
 def decode_forward(x_nd, idx_nk, w_nk, dw: DecodeWeights, *, act: str,
@@ -138,7 +146,9 @@ def model_decode_weights(model, num_tokens: int, *, use_kernel: bool = True
   """Every MoE layer's experts laid out for decoding `num_tokens` a step.
 
   Computed once per generation, outside the decode loop. None for a
-  sharded model's layers (they decode with `dense` inside `shard_map`).
+  sharded model's layers (they decode with `MESH_DISPATCH` inside
+  `shard_map`, on the weights as the model holds them: the sampler's copy
+  is already in the inference layout, `rl.SamplerWeights`).
   """
   dt = jnp.dtype(model.cfg.dtype)
   return [None if moe.ctx is not None else
@@ -151,15 +161,16 @@ def moe_step(moe, x_nd, layout: DecodeWeights | None, valid_n=None,
              expert_idx_nk=None):
   """One MoE layer as the sampler runs it: router, experts in `layout`, shared expert.
 
-  `layout` None (a sharded model): the layer's `dense` dispatch in
-  `shard_map`. `expert_idx_nk` replays a routing instead of the router's.
+  `layout` None (a sharded model): `MESH_DISPATCH` in `shard_map`.
+  `expert_idx_nk` replays a routing instead of the router's.
 
   Returns:
     (y [N, D], chosen experts [N, k]).
   """
   _, _, idx_nk, w_nk = moe.route_tokens(x_nd, expert_idx_nk)
   if layout is None:
-    y_nd = moe.experts(x_nd, idx_nk, w_nk, valid_n, dispatch='dense')[0]
+    y_nd = moe.experts(x_nd, idx_nk, w_nk, valid_n,
+                       dispatch=MESH_DISPATCH)[0]
   else:
     y_nd = decode_forward(x_nd, idx_nk, w_nk, layout, act=moe.cfg.activation,
                           valid_n=valid_n)
@@ -250,4 +261,5 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
 
 
 __all__ = ['DecodeWeights', 'decode_forward', 'decode_weights', 'forward',
-           'model_decode_weights', 'moe_step', 'PREFILL_ROWS_PER_EXPERT']
+           'MESH_DISPATCH', 'model_decode_weights', 'moe_step',
+           'PREFILL_ROWS_PER_EXPERT']

@@ -8,6 +8,7 @@ from cascade_jax.sharding._params import shard_model
 from cascade_jax.sharding._params import state_shardings
 from cascade_jax.sharding._params import to_host
 from cascade_jax.sharding._rules import DEFAULT_RULES
+from cascade_jax.sharding._rules import inference_rules
 from cascade_jax.sharding._rules import LOGICAL_AXES
 from cascade_jax.sharding._rules import make_mesh
 from cascade_jax.sharding._rules import MESH_AXES

@@ -133,6 +133,39 @@ def make_mesh(shape: Mapping[str, int],
   return Mesh(arr, MESH_AXES)
 
 
+def inference_rules(rules: Rules, mesh_shape: Mapping[str, int] | None = None,
+                    num_experts: int | None = None) -> Rules:
+  """The sampler's layout of `rules`: no FSDP on weights, experts split wider.
+
+  A decode step reads every weight it uses once per token: FSDP-sharded
+  weights would be all-gathered at every step (at 30B, ~58 GB of experts a
+  chip). Here `embed` is replicated (the FSDP rule gone), and the FSDP axes
+  join the expert axes for `exp` (in mesh order), so each device holds
+  E / (fsdp x expert) whole experts and decode moves tokens to them, never
+  weights. An FSDP axis joins only where tokens are split over it too (the
+  `batch` rule; expert parallelism needs that) and, given `mesh_shape` and
+  `num_experts`, where the axes still divide the experts. Everything else
+  (batch, tensor) is as in `rules`.
+  """
+  table = dict(rules)
+  batch = set(_as_tuple(table.get('batch')))
+  exp = list(_as_tuple(table.get('exp')))
+  for ax in _as_tuple(table.get('embed')):
+    if ax in exp or ax not in batch:
+      continue
+    wider = sorted(exp + [ax], key=MESH_AXES.index)
+    if mesh_shape is not None and num_experts is not None and num_experts % (
+        math.prod(mesh_shape.get(a, 1) for a in wider)):
+      continue
+    exp = wider
+  new = {'embed': None,
+         'exp': None if not exp else exp[0] if len(exp) == 1 else tuple(exp)}
+  out = tuple((logical, new.get(logical, target)) if logical in new
+              else (logical, target) for logical, target in rules)
+  validate_rules(out)
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardingCtx:
   """A mesh plus the rules that map logical axes onto it.
@@ -187,6 +220,11 @@ class ShardingCtx:
       used.update(axes)
       out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return P(*out)
+
+  def for_inference(self, num_experts: int | None = None) -> 'ShardingCtx':
+    """This mesh with `inference_rules` (the sampler's layout)."""
+    return ShardingCtx(self.mesh, inference_rules(
+        self.rules, dict(self.mesh.shape), num_experts))
 
   def sharding(self, logical_axes, shape=None) -> NamedSharding:
     return NamedSharding(self.mesh, self.spec(logical_axes, shape))
