@@ -249,7 +249,9 @@ def test_a_long_cache_is_read_in_written_blocks_with_the_same_samples():
   cfg = rollout.SampleConfig(max_new_tokens=1100, temperature=1.0,
                              prompt_bucket=8)
   prompts = _prompts([1000, 977])
-  assert ops.cache_slots(1000 + 1100) == 2560
+  assert ops.cache_slots(1000 + 1100) == 2100     # rounded only if forced
+  with ops.forced(cache_attention='xla_written'):
+    assert ops.cache_slots(1000 + 1100) == 2560
   out = {}
   for impl in ('xla_written', 'xla'):
     jax.clear_caches()     # a compiled sampler keeps the ops it was traced with

@@ -290,10 +290,12 @@ def written_blocks_ok(slots: int, block: int = WRITTEN_BLOCK) -> bool | str:
 
 
 def cache_slots(n: int) -> int:
-  """The slots to allocate for a cache of `n`: a long one rounded up to the
-  written-blocks path's block (the extra slots are never written, and so
-  never seen), a short one as it is."""
-  if n < WRITTEN_MIN_BLOCKS * WRITTEN_BLOCK:
+  """The slots to allocate for a cache of `n`: `n`, or, where the
+  written-blocks path is forced (`cache_attention=xla_written`; it is never
+  picked by itself), a long cache rounded up to its block (the extra slots
+  are never written, and so never seen)."""
+  if (_registry.forced_choice('cache_attention') != 'xla_written' or
+      n < WRITTEN_MIN_BLOCKS * WRITTEN_BLOCK):
     return n
   return -(-n // WRITTEN_BLOCK) * WRITTEN_BLOCK
 
