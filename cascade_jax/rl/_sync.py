@@ -53,7 +53,8 @@ def sync_fn(target):
   """The weight sync as one jitted function of the learner's (params, rest):
   each leaf narrowed to `target`'s dtype where that is narrower (never
   widened) and placed with its sharding (`target`: abstract (params, rest)
-  such as `sampler_state`'s; leaves without a sharding keep theirs)."""
+  such as `sampler_state`'s; one without shardings, as on one device,
+  keeps every leaf's placement)."""
   def leaf(x, t):
     if (jnp.issubdtype(x.dtype, jnp.floating) and
         jnp.issubdtype(t.dtype, jnp.floating) and
