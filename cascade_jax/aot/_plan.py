@@ -256,9 +256,7 @@ def _sampler_cfg(cfg, shapes):
 
 def _sampler_ctx(cfg, ctx, shapes):
   """The mesh and rules of the sampler's weights (`sampler_layout`)."""
-  if shapes.get('sampler_layout', 'inference') == 'train':
-    return ctx
-  return ctx.for_inference(None if cfg.moe is None else cfg.moe.num_experts)
+  return rl.sampler_ctx(cfg, ctx, shapes.get('sampler_layout', 'inference'))
 
 
 def _abstract_sync(cfg, ctx, shapes):

@@ -31,6 +31,7 @@ from cascade_jax.rl._learner import teacher_rows
 from cascade_jax.rl._learner import update
 from cascade_jax.rl._stage import run
 from cascade_jax.rl._sync import inference_layout
+from cascade_jax.rl._sync import sampler_ctx
 from cascade_jax.rl._sync import sampler_state
 from cascade_jax.rl._sync import SamplerWeights
 from cascade_jax.rl._sync import sync_fn

@@ -40,11 +40,21 @@ def sampler_state(cfg: model_lib.ModelConfig, dtype: str,
                                             ctx), nnx.Param, ...)
 
 
+def sampler_ctx(cfg: model_lib.ModelConfig, ctx: sharding.ShardingCtx | None,
+                layout: str = 'inference') -> sharding.ShardingCtx | None:
+  """The mesh and rules of the sampler's weights: `ctx` with the inference
+  rules (`ShardingCtx.for_inference`), or `ctx` itself for layout 'train'
+  or off a mesh."""
+  if ctx is None or layout == 'train':
+    return ctx
+  return ctx.for_inference(None if cfg.moe is None else cfg.moe.num_experts)
+
+
 def inference_layout(cfg: model_lib.ModelConfig, ctx: sharding.ShardingCtx):
   """(graph, param shardings, rest shardings) of a model of `cfg` on `ctx`'s
   mesh in the inference layout (`ShardingCtx.for_inference`)."""
-  inf = ctx.for_inference(None if cfg.moe is None else cfg.moe.num_experts)
-  g, p, r = nnx.split(model_lib.abstract_model(cfg, inf), nnx.Param, ...)
+  g, p, r = nnx.split(model_lib.abstract_model(cfg, sampler_ctx(cfg, ctx)),
+                      nnx.Param, ...)
   shard = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
   return g, shard(p), shard(r)
 
@@ -98,10 +108,7 @@ class SamplerWeights:
   def _sync_plan(self, state: train.TrainState):
     if self._plan is None:
       cfg = nnx.merge(self.graph, state.params, state.rest).cfg
-      ctx = self.ctx
-      if ctx is not None and self.layout == 'inference':
-        ctx = ctx.for_inference(None if cfg.moe is None else
-                                cfg.moe.num_experts)
+      ctx = sampler_ctx(cfg, self.ctx, self.layout)
       graph, params, rest = sampler_state(cfg, self.dtype.name, ctx)
       if ctx is None:   # one device: no placement to change
         params, rest = jax.tree.map(
