@@ -14,6 +14,8 @@ if [[ "${CI:-}" == "true" ]]; then
   for k in 0 1; do
     echo "[test] sampler and rollout tests with CASCADE_JAX_CPU_KERNELS=$k"
     CASCADE_JAX_CPU_KERNELS=$k python -m pytest -n 2 -q -m "$markers" \
-      tests/test_rollout.py tests/test_kernels.py || exit $?
+      tests/test_rollout.py tests/test_kernels.py \
+      tests/test_continuous.py::test_continuous_batching_on_the_main_job_model \
+      || exit $?
   done
 fi

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from cascade_jax import ops
+
 from cascade_jax.model._attention import Attention
 from cascade_jax.model._attention import attention_mask
 from cascade_jax.model._attention import rope_tables
@@ -38,14 +40,15 @@ class KVCache:
 
   Slot s of row b holds a token at `positions[b, s]` in segment
   `segment_ids[b, s]` (0: empty or padding, never attended). New tokens are
-  written at `index`, the same slot for every row; rows of different prompt
-  lengths are left-padded with segment 0.
+  written at `index`: one slot for every row ([], rows of different prompt
+  lengths left-padded with segment 0), or each row its own ([B]: continuous
+  batching, where a row's sequence starts whenever its slot is refilled).
   """
   k: tuple[jax.Array, ...]         # per attention layer: [B, K, H, S]
   v: tuple[jax.Array, ...]         # per attention layer: [B, K, S, H]
   positions: jax.Array             # [B, S] int32
   segment_ids: jax.Array           # [B, S] int32
-  index: jax.Array                 # [] int32, next slot to write
+  index: jax.Array                 # [] or [B] int32, next slot to write
   # Per Mamba-2 layer: its conv inputs and SSM state after the last token
   # written (they do not grow with S).
   mamba: tuple[MambaState, ...] = ()
@@ -56,16 +59,18 @@ class KVCache:
 
   def written(self, positions_bt, segment_ids_bt) -> tuple[jax.Array, jax.Array]:
     """(positions, segment_ids) [B, S] once T new tokens are written at `index`."""
-    put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(
-        buf, x.astype(jnp.int32), self.index, axis=1)
+    put = lambda buf, x: ops.write_at(buf, x.astype(jnp.int32), self.index, axis=1)
     return put(self.positions, positions_bt), put(self.segment_ids,
                                                   segment_ids_bt)
 
   def last_segment(self) -> jax.Array:
     """[B] int32: the segment of the last token written (0 if none)."""
-    prev = jax.lax.dynamic_index_in_dim(
-        self.segment_ids, jnp.maximum(self.index - 1, 0), axis=1,
-        keepdims=False)
+    last = jnp.maximum(self.index - 1, 0)
+    if jnp.ndim(self.index):
+      prev = jnp.take_along_axis(self.segment_ids, last[:, None], axis=1)[:, 0]
+    else:
+      prev = jax.lax.dynamic_index_in_dim(self.segment_ids, last, axis=1,
+                                          keepdims=False)
     return jnp.where(self.index > 0, prev, 0)
 
 

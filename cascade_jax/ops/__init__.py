@@ -23,6 +23,7 @@ from cascade_jax.ops._attention import attention_mask
 from cascade_jax.ops._attention import cache_attention
 from cascade_jax.ops._attention import cache_slots
 from cascade_jax.ops._attention import rms_norm
+from cascade_jax.ops._attention import write_at
 from cascade_jax.ops._collectives import axis_index
 from cascade_jax.ops._collectives import expert_exchange
 from cascade_jax.ops._collectives import ragged_all_to_all

@@ -239,6 +239,16 @@ def attention(q_btnh, k_bskh, v_bskh, *, scale: float,
 # ------------------------------------------------------------- over a cache
 
 
+def write_at(buf, x, index, *, axis):
+  """`buf` [B, ...] with `x` written along `axis` from `index`, [] (every
+  row) or [B] (each row its own slot: continuous batching)."""
+  if not jnp.ndim(index):
+    return jax.lax.dynamic_update_slice_in_dim(buf, x, index, axis=axis)
+  put = lambda b, u, i: jax.lax.dynamic_update_slice_in_dim(b, u, i,
+                                                            axis=axis - 1)
+  return jax.vmap(put)(buf, x, index)
+
+
 def _write_cache(q, k_new, v_new, cache_k, cache_v, index):
   """The cache with the T new keys / values written at `index`, and the
   queries as [B, K, T*G, H]: one plain batched matmul per kv head over the
@@ -246,10 +256,10 @@ def _write_cache(q, k_new, v_new, cache_k, cache_v, index):
   einsum with G and T as separate dot dimensions)."""
   b, t, n, h = q.shape
   kh = cache_k.shape[1]
-  keys = jax.lax.dynamic_update_slice_in_dim(
-      cache_k, k_new.transpose(0, 2, 3, 1).astype(cache_k.dtype), index, axis=3)
-  values = jax.lax.dynamic_update_slice_in_dim(
-      cache_v, v_new.transpose(0, 2, 1, 3).astype(cache_v.dtype), index, axis=2)
+  keys = write_at(cache_k, k_new.transpose(0, 2, 3, 1).astype(cache_k.dtype),
+                   index, axis=3)
+  values = write_at(cache_v, v_new.transpose(0, 2, 1, 3).astype(cache_v.dtype),
+                     index, axis=2)
   q = q.reshape(b, t, kh, n // kh, h).transpose(0, 2, 1, 3, 4).reshape(
       b, kh, t * (n // kh), h)
   return q, keys, values
@@ -365,7 +375,8 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
     q_btnh: [B, T, N, H] queries; k_new_btkh, v_new_btkh: [B, T, K, H]; q
       and k before the QK-norm and RoPE, which are applied here.
     cache_k_bkhs, cache_v_bksh: the cache; mask_bts: [B, T, S] slots each new
-      token sees (the written slots included); index: [] first slot to write.
+      token sees (the written slots included); index: [] first slot to write
+      (every row), or [B] (each row its own: continuous batching).
     qk_norm: (w_q [H], w_k [H]) RMSNorm scales, or None; rope: (cos, sin)
       [B, T, 1, H/2] each, or None.
     sharded: the arrays are sharded over a mesh (a custom call has no SPMD
@@ -381,13 +392,17 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
   elif kernel is True and sharded:
     kernel = _registry.elsewhere(
         'a sharded cache (a custom call has no SPMD rule)')
+  elif kernel is True and jnp.ndim(index):
+    kernel = 'the CPU kernel writes one slot for every row (continuous batching writes a slot a row)'
+  written = written_blocks_ok(cache_k_bkhs.shape[3])
+  if written is True and jnp.ndim(index):
+    written = 'a per-row write index (continuous batching) has no one written length'
   # 'xla_written' only when forced (--config.ops=cache_attention=xla_written):
   # on this CPU it ran 8 x slower than the whole-cache read at 4,096 slots
   # (docs/results/decode_cache_2026-12-03); unmeasured on accelerators.
   name = _registry.pick(
       'cache_attention', [('cpu_kernel', kernel), ('xla', True),
-                          ('xla_written', written_blocks_ok(
-                              cache_k_bkhs.shape[3]))],
+                          ('xla_written', written)],
       dtype=q_btnh.dtype, shape=f'cache {tuple(cache_k_bkhs.shape)}')
   if name == 'cpu_kernel':
     out, ck, cv = kernels.cache_attention(
@@ -405,4 +420,4 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
 
 
 __all__ = ['apply_rope', 'attention', 'attention_mask', 'cache_attention',
-           'cache_slots', 'rms_norm']
+           'cache_slots', 'rms_norm', 'write_at']

@@ -8,11 +8,13 @@ from cascade_jax.rollout._decode import forward
 from cascade_jax.rollout._decode import model_decode_weights
 from cascade_jax.rollout._decode import moe_step
 from cascade_jax.rollout._decode import PREFILL_ROWS_PER_EXPERT
+from cascade_jax.rollout._continuous import generate_continuous
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import generate_padded
 from cascade_jax.rollout._sampler import keep_top_n
 from cascade_jax.rollout._sampler import pad_prompts
 from cascade_jax.rollout._sampler import process_logits
+from cascade_jax.rollout._sampler import row_keys
 from cascade_jax.rollout._sampler import Rollout
 from cascade_jax.rollout._sampler import SampleConfig
 from cascade_jax.rollout._sampler import trace_count

@@ -121,10 +121,26 @@ def is_stop(toks: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
   return hit
 
 
+def row_keys(keys: jax.Array, t) -> jax.Array:
+  """Each row's key for its draw at step `t` ([] or [B]): `fold_in(keys[b], t)`.
+
+  With a key a row, a row's tokens depend on its own key and step alone,
+  not on its slot or on the rows beside it: what continuous batching needs
+  (`generate_continuous`), and `generate` takes the same keys.
+  """
+  return jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(t, keys.shape))
+
+
 def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_ids):
   """Samples token t of every row from its logits (pad once a row is done);
-  records its log-prob and kept-set size, and which rows are now done."""
-  key, sub = jax.random.split(key)
+  records its log-prob and kept-set size, and which rows are now done.
+
+  `key`: one key, split at every step, or a key a row ([B], see `row_keys`).
+  """
+  if jnp.ndim(key):
+    sub = row_keys(key, t)
+  else:
+    key, sub = jax.random.split(key)
   tok, lp, n_kept = _select(logits, sub, cfg)
   tok = jnp.where(done, pad_id, tok)
   toks = toks.at[:, t].set(tok)
@@ -134,7 +150,10 @@ def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_ids):
 
 
 def _select(logits, key, cfg: SampleConfig):
-  """Next token, its log-prob under the sampling distribution, and the kept-set size."""
+  """Next token, its log-prob under the sampling distribution, and the kept-set size.
+
+  `key`: one key for the batch, or a key a row ([B]).
+  """
   v = logits.shape[-1]
   if cfg.temperature == 0.0:
     tok = ops.argmax(logits)
@@ -143,8 +162,12 @@ def _select(logits, key, cfg: SampleConfig):
   logp = jax.nn.log_softmax(processed, axis=-1)
   kept = (jnp.sum(processed > _NEG / 2, axis=-1, dtype=jnp.int32)
           if truncates(cfg) else jnp.full(logits.shape[:-1], v, jnp.int32))
+  if jnp.ndim(key):
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, (v,), logp.dtype))(key)
+  else:
+    noise = jax.random.gumbel(key, logp.shape, logp.dtype)
   # Gumbel-max: the same draw as jax.random.categorical(key, logp).
-  tok = ops.argmax(jax.random.gumbel(key, logp.shape, logp.dtype) + logp)
+  tok = ops.argmax(noise + logp)
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], kept
 
 
@@ -252,6 +275,10 @@ def generate(model: nnx.Module, prompts: Sequence[Sequence[int]], *,
              record_experts: bool = False) -> Rollout:
   """Samples one continuation per prompt (repeat prompts for G samples).
 
+  `key`: one key for the batch (split at every step), or a key a row
+  ([B], `row_keys`: a row's draws then depend on its key alone, as in
+  `generate_continuous`).
+
   With `record_experts`, `expert_idx` holds the experts of every position of
   prompt + response ([B, P + N, L_moe, k], prompt left-padded to P), ready
   to replay in the learner's forward pass; the last token sampled, never fed
@@ -275,9 +302,15 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
   of the larger batch's, and decoding is per row).
   """
   ctx = getattr(model, 'ctx', None)
-  (tokens_bp, lengths_b), n = sharding.pad_rows(
-      (np.asarray(tokens_bp), np.asarray(lengths_b)),
-      1 if ctx is None else ctx.shards('batch'))
+  rows = (np.asarray(tokens_bp), np.asarray(lengths_b))
+  per_row = key is not None and jnp.ndim(key) > 0
+  if per_row and key.shape != (len(rows[1]),):
+    raise ValueError(f'generate: {key.shape[0]} keys for {len(rows[1])} rows '
+                     '(give one key, or one a row)')
+  rows, n = sharding.pad_rows(rows + ((key,) if per_row else ()),
+                              1 if ctx is None else ctx.shards('batch'))
+  tokens_bp, lengths_b = rows[:2]
+  key = rows[2] if per_row else key
   if n < len(lengths_b):
     out = generate_padded(model, tokens_bp, lengths_b, cfg=cfg,
                           stop_ids=stop_ids, pad_id=pad_id, key=key,
