@@ -7,7 +7,8 @@ of 8-32 tokens at temperature 1 with a budget of `new_tokens`. Responses end
 at any of the ids 1..`stop_tokens` (at this random initialisation about
 `stop_tokens / 1024` a step), so lengths spread like a sampled RL batch's:
 most rows end early, a few run to the budget. Both ways draw with a key a
-prompt, so they produce the same tokens (checked):
+prompt, so they produce the same tokens up to float rounding (rows whose
+samples differ are counted, with the log-prob gap before they part):
 - `fixed`: `rollout.generate` over `batch` prompts at a time; every batch
   decodes until its longest row ends;
 - `continuous`: `rollout.generate_continuous` with `batch` slots, a row
@@ -43,7 +44,21 @@ def _fixed(model, prompts, keys, cfg, stops, b):
                            key=keys[i:i + b])
           for i in range(0, len(prompts), b)]
   steps = sum(int(o.mask.sum(1).max()) for o in outs)
-  return [np.asarray(o.tokens * o.mask) for o in outs], steps
+  return outs, steps
+
+
+def _agreement(fixed, out):
+  """Rows whose tokens differ, and the largest log-prob gap before any row's
+  first difference (a sample flips where two tokens' Gumbel scores tie to
+  float rounding: the two ways batch the prefill's matmuls differently)."""
+  toks = np.concatenate([np.asarray(o.tokens * o.mask) for o in fixed])
+  lps = np.concatenate([np.asarray(o.logprobs) for o in fixed])
+  differ = np.any(toks != np.asarray(out.tokens * out.mask), axis=1)
+  first = np.where(differ, np.argmax(toks != np.asarray(out.tokens * out.mask),
+                                     axis=1), toks.shape[1])
+  before = np.arange(toks.shape[1])[None, :] < first[:, None]
+  gap = np.abs(lps - np.asarray(out.logprobs)) * before
+  return int(differ.sum()), float(gap.max())
 
 
 def main(argv):
@@ -64,7 +79,7 @@ def main(argv):
         raise ValueError(f'--prompts={n} is not a multiple of batch {b}')
       # The first round compiles (and checks the two ways agree).
       t0 = time.perf_counter()
-      toks, steps = _fixed(model, prompts, keys, cfg, stops, b)
+      fixed, steps = _fixed(model, prompts, keys, cfg, stops, b)
       t_fixed = time.perf_counter() - t0
       st = {}
       t0 = time.perf_counter()
@@ -74,18 +89,19 @@ def main(argv):
       jax.block_until_ready(out.tokens)
       t_cont = time.perf_counter() - t0
       if r == 0:
-        np.testing.assert_array_equal(np.concatenate(toks),
-                                      np.asarray(out.tokens * out.mask))
+        differ, gap = _agreement(fixed, out)
         lengths = np.asarray(out.mask.sum(1))
         res[b] = dict(fixed_s=[], continuous_s=[], tokens=int(lengths.sum()),
+                      rows_differing=differ, logprob_gap=gap,
                       fixed_steps=steps, continuous_steps=st['steps'],
                       refills=st['refills'],
                       length_mean=float(lengths.mean()),
                       length_p90=float(np.percentile(lengths, 90)),
                       length_max=int(lengths.max()))
         print(f'batch {b}: compiled; lengths mean {lengths.mean():.1f}, '
-              f'p90 {np.percentile(lengths, 90):.0f}, max {lengths.max()}',
-              flush=True)
+              f'p90 {np.percentile(lengths, 90):.0f}, max {lengths.max()}; '
+              f'{differ} of {n} rows differ from the fixed batch (log-probs '
+              f'within {gap:.1e} before)', flush=True)
         continue
       res[b]['fixed_s'].append(t_fixed)
       res[b]['continuous_s'].append(t_cont)
