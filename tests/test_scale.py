@@ -189,11 +189,18 @@ def test_plan_weight_sync_and_a_bf16_sampler_inference_layout():
   c = plan_config.get_config('small')
   c.only, c.steps = 'fsdp2_tensor2_expert2', 'decode,sync'
   c.sampler_dtype = 'bfloat16'           # the main job's config: '' (fp32)
+  # No depth extrapolation: the sampler's steps are unrolled, so their
+  # costs are their compiled programs' even where train steps get none.
+  c.cost_meshes = 'none'
   bf16 = aot.run(c, progress=lambda s: None)
   c.sampler_dtype, c.sampler_layout = '', 'train'
   fp32_train = aot.run(c, progress=lambda s: None)
   decode, sync = bf16
   assert sync.step == 'sync' and sync.tokens == 0 and sync.model_flops == 0
+  # It reads every weight it holds and writes the copy.
+  assert np.isfinite(decode.flops) and np.isfinite(decode.bytes_accessed)
+  assert np.isfinite(sync.flops) and sync.flops >= 0
+  assert sync.bytes_accessed >= sync.argument_bytes + 0.9 * sync.output_bytes
   cfg = aot.model_config(c)
   ctx = sharding.ShardingCtx(sharding.make_mesh(
       dict(fsdp=2, tensor=2, expert=2), jax.devices()[:8]))

@@ -61,6 +61,7 @@ from cascade_jax.aot._report import StepCost
 
 STEPS = ('sft', 'grpo', 'mopd', 'prefill', 'decode', 'sync')
 TRAIN_STEPS = ('sft', 'grpo', 'mopd')
+SAMPLER_STEPS = ('prefill', 'decode', 'sync')
 
 # ------------------------------------------------------------------ devices
 
@@ -328,9 +329,13 @@ def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
                           str(e), time.perf_counter() - t0)
   dt = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  if cfg.layer_groups[0][1] == 1 or not cfg.scan_layers:
-    # Unrolled already (a pattern with no repeated prefix, or scanning
-    # off): the compiled figures are the full depth.
+  if (step in SAMPLER_STEPS or cfg.layer_groups[0][1] == 1 or
+      not cfg.scan_layers):
+    # Unrolled already (the sampler's steps run `rollout.forward` over every
+    # layer's view and the sync casts each stacked weight whole; a pattern
+    # with no repeated prefix, or scanning off): the compiled figures are
+    # the full depth. (A depth extrapolation of the sync's reshard was not
+    # linear: negative FLOPs on v5p-64.)
     flops, nbytes = _cost(compiled)
   elif with_cost:
     flops, nbytes = depth_cost(step, cfg, ctx, opt, shapes)
