@@ -128,7 +128,12 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
                                          'if_rl', 'mopd']
   for r in records:
     assert os.path.exists(tmp_path / r['name'] / 'stage.json')
-    assert json.load(open(tmp_path / r['name'] / 'config.json'))
+    # Each stage's directory holds its own runner config: the cascade's
+    # seed, and the stage it started from.
+    cfg = json.load(open(tmp_path / r['name'] / 'config.json'))
+    assert cfg['seed'] == c.seed, r['name']
+    if r['init_from']:
+      assert cfg['init_from'] == r['init_from'], (r['name'], cfg['init_from'])
   rm_acc = records[1]['accuracy']
   assert rm_acc == json.load(open(tmp_path / 'rm' / 'rm_scores.json'))[
       'accuracy']

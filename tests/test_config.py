@@ -54,9 +54,20 @@ def test_unknown_preset():
 
 
 @pytest.mark.parametrize('name', sorted(model.PRESETS))
-def test_presets_validate(name):
+def test_presets_build_every_layer_of_their_pattern_once(name):
+  # The stacked layout (one Stack per layer group, its blocks a unit's
+  # positions with a leading repeat axis) holds the pattern's layers, each
+  # of its kind, in order, once.
+  from flax import nnx  # pylint: disable=g-import-not-at-top
   cfg = model.preset(name)
-  assert cfg.num_layers == len(cfg.pattern)
+  m = nnx.eval_shape(lambda: model.Transformer(cfg, rngs=nnx.Rngs(0)))
+  built = ''
+  for (unit, repeats), stack in zip(cfg.layer_groups, m.layers, strict=True):
+    kinds = ''.join(b.kind for b in stack.blocks)
+    assert kinds == unit
+    assert all(b.norm.scale.shape[0] == repeats for b in stack.blocks)
+    built += kinds * repeats
+  assert built == cfg.pattern and cfg.num_layers == len(cfg.pattern)
 
 
 def test_qwen3_30b_a3b_count_matches_published():

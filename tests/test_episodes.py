@@ -126,6 +126,13 @@ def test_collect_runs_a_stage_of_episodes_with_groups(setup):
   assert batch.expert_idx.shape[:2] == (8, 319)      # batch-major routing
   assert len(stats['turns']) == 8 and set(stats['ends']) <= set(rollout.ENDS)
   assert batch.domains[::2] == batch.domains[1::2]   # groups of one record
+  # The loss covers the model's replies alone: each turn's reply holds at
+  # least its stop token and at most max_new_tokens (observations and the
+  # chat template's tokens are not in the mask).
+  turns = np.asarray(stats['turns'])
+  replies = np.asarray(batch.mask).sum(1)
+  assert turns.max() >= 2
+  assert np.all(replies >= turns) and np.all(replies <= turns * c.max_new_tokens)
 
 
 def test_a_budget_that_cannot_hold_a_reply_is_refused(setup):

@@ -130,3 +130,23 @@ def test_readme_status_is_written_from_the_results():
   assert r.returncode == 0, r.stderr
   r = _run('experiments.status')
   assert 'not measured' not in r.stdout, r.stdout
+
+
+def test_steps_to_the_teacher_on_known_curves():
+  from experiments import mopd_vs_grpo as mvg  # pylint: disable=g-import-not-at-top
+  steps = [0, 2, 4, 6, 8]
+  rising = [0.2, 0.3, 0.45, 0.6, 0.55]
+  assert mvg.steps_to_reach(steps, rising, 0.45) == 4      # reached exactly
+  assert mvg.steps_to_reach(steps, rising, 0.5) == 6       # first at or above
+  assert mvg.steps_to_reach(steps, rising, 0.61) is None   # never
+  # Half the gap 0.2 -> 0.6 is 0.4 (step 4); 90 % is 0.56 (step 6).
+  assert mvg.steps_to_close(steps, rising, 0.6, 0.5) == 4
+  assert mvg.steps_to_close(steps, rising, 0.6, 0.9) == 6
+  # A start above the target closes its (negative) gap at once.
+  assert mvg.steps_to_close(steps, [0.7, 0.1, 0.1, 0.1, 0.1], 0.6, 0.5) == 0
+  s = mvg.summarize([4, None, 6], horizon=10)
+  assert s == dict(per_seed=[4, None, 6], reached=2, seeds=3, mean=5.0,
+                   min=4, max=6, mean_censored=20 / 3)
+  none = mvg.summarize([None, None], horizon=8)
+  assert none['reached'] == 0 and none['mean'] is None
+  assert none['mean_censored'] == 8.0

@@ -149,8 +149,8 @@ def test_judge_stage_trains_and_serves_as_reward(quick_sft_run, tmp_path):
 
 
 def test_rl_stage_learns_from_the_judge(quick_sft_run, tmp_path):
-  # An RLHF step with the judge as its reward: on-policy, nothing dropped,
-  # the reward a win rate in [0, 1] around 0.5.
+  # RLHF steps with the judge as their reward: on-policy, nothing dropped,
+  # the reward a win rate, and the policy moved by it.
   from cascade_jax import rl
   from configs import judge as judge_config
   from configs import rl as rl_config
@@ -171,5 +171,11 @@ def test_rl_stage_learns_from_the_judge(quick_sft_run, tmp_path):
   for r in steps:
     assert r['sampler_mismatch_max'] <= 1e-5, r
     assert r['dropped_reward_model'] == 0.0
-    assert r['reward_mean'] == pytest.approx(0.5, abs=1e-5)   # win rates
-    assert 'kl' in r
+    # Win rates within a group: their mean is 0.5 whatever the judge says,
+    # their spread is the judge ranking the replies.
+    assert r['reward_mean'] == pytest.approx(0.5, abs=1e-5)
+    assert r['reward_std'] > 0.0, r
+  # The first update starts at the reference (KL 0); the judge's rewards
+  # moved the policy, so the second step's samples are scored away from it.
+  assert steps[0]['kl'] == pytest.approx(0.0, abs=1e-6)
+  assert steps[1]['kl'] > 1e-7, steps[1]

@@ -1,6 +1,7 @@
 """The sandbox: verdicts cannot be faked, and no program can hurt the trainer."""
 
 import os
+import subprocess
 import time
 
 import pytest
@@ -105,8 +106,16 @@ def test_killing_the_parent_process_group_does_nothing(sb):
           '    except OSError:\n        pass\n'
           'try:\n    os.killpg(os.getpgid(1), signal.SIGKILL)\n'
           'except OSError:\n    pass\n' + ADD)
-  sb.run_tests(prog, TESTS, ['add'])
-  assert os.getpid() > 0  # still here
+  # A child of the test in its own process group (as the test's is): it
+  # would die with any kill the program got out of the sandbox.
+  bystander = subprocess.Popen(['sleep', '60'])
+  try:
+    sb.run_tests(prog, TESTS, ['add'])
+    time.sleep(0.2)
+    assert bystander.poll() is None, 'the sandboxed program killed a host process'
+  finally:
+    bystander.kill()
+    bystander.wait()
   assert sb.run_tests(ADD, TESTS, ['add']).passed
 
 
