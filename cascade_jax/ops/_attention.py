@@ -257,9 +257,9 @@ def _write_cache(q, k_new, v_new, cache_k, cache_v, index):
   b, t, n, h = q.shape
   kh = cache_k.shape[1]
   keys = write_at(cache_k, k_new.transpose(0, 2, 3, 1).astype(cache_k.dtype),
-                   index, axis=3)
+                  index, axis=3)
   values = write_at(cache_v, v_new.transpose(0, 2, 1, 3).astype(cache_v.dtype),
-                     index, axis=2)
+                    index, axis=2)
   q = q.reshape(b, t, kh, n // kh, h).transpose(0, 2, 1, 3, 4).reshape(
       b, kh, t * (n // kh), h)
   return q, keys, values

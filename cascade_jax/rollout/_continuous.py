@@ -124,12 +124,9 @@ def _insert(graph, state, layouts, rows: _Rows, out: _Out, prompts_rp, lens_r,
   prompts_kp, lens_k, keys_k = prompts_rp[take_k], lens_r[take_k], keys_r[take_k]
   k, p = prompts_kp.shape
   n = cfg.max_new_tokens
-  pos = jnp.arange(p)[None, :] - (p - lens_k[:, None])   # left-padded
-  seg = (pos >= 0).astype(jnp.int32)
   fresh = model_lib.init_cache(model.cfg, k, rows.cache.max_len)
-  logits, fresh, prompt_experts = _decode.forward(
-      model, prompts_kp, positions_bt=jnp.maximum(pos, 0), segment_ids_bt=seg,
-      cache=fresh, layouts=layouts, last_logits_only=True)
+  logits, fresh, prompt_experts = _sampler.prefill(model, prompts_kp, lens_k,
+                                                   fresh, layouts)
   tok, lp, n_kept = _sampler._select(logits[:, -1],  # pylint: disable=protected-access
                                      _sampler.row_keys(keys_k, 0), cfg)
   experts = jnp.zeros((k, p + n) + rows.experts.shape[2:], jnp.int32)
@@ -305,11 +302,7 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
 def _finish(rows: _Rows, out: _Out, *, stop_ids, record) -> _sampler.Rollout:
   """Every prompt's `Rollout`, once the last sequences are flushed."""
   out = _flush(rows, out, jnp.arange(rows.toks.shape[0]))
-  n = out.toks.shape[1]
-  stops = _sampler.is_stop(out.toks, stop_ids)
-  has_stop = jnp.any(stops, axis=1)
-  length = jnp.where(has_stop, jnp.argmax(stops, axis=1) + 1, n)
-  mask = (jnp.arange(n)[None, :] < length[:, None]).astype(jnp.int32)
+  mask, has_stop = _sampler.reply_mask(out.toks, stop_ids, out.toks.shape[1])
   return _sampler.Rollout(
       tokens=out.toks, logprobs=out.lps * mask, mask=mask,
       truncated=~has_stop, kept=out.kept,

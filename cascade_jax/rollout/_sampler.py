@@ -171,6 +171,27 @@ def _select(logits, key, cfg: SampleConfig):
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], kept
 
 
+def prefill(model, prompt_bp, prompt_len_b, cache, layouts):
+  """The left-padded prompts [B, P] (lengths [B]) written into `cache`:
+  (the last position's logits [B, 1, V], the cache, the prompt's experts)."""
+  p = prompt_bp.shape[1]
+  pos = jnp.arange(p)[None, :] - (p - prompt_len_b[:, None])   # left-padded
+  return _decode.forward(
+      model, prompt_bp, positions_bt=jnp.maximum(pos, 0),
+      segment_ids_bt=(pos >= 0).astype(jnp.int32), cache=cache,
+      layouts=layouts, last_logits_only=True)
+
+
+def reply_mask(toks, stop_ids, unstopped_length):
+  """(mask [B, N] int32 over each reply through its first stop id, or its
+  first `unstopped_length` tokens without one; whether it stopped [B])."""
+  stops = is_stop(toks, stop_ids)
+  has_stop = jnp.any(stops, axis=1)
+  length = jnp.where(has_stop, jnp.argmax(stops, axis=1) + 1, unstopped_length)
+  mask = jnp.arange(toks.shape[1])[None, :] < length[:, None]
+  return mask.astype(jnp.int32), has_stop
+
+
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids',
                                              'pad_id', 'record_experts'),
                    donate_argnames=('cache_buffers',), keep_unused=True)
@@ -180,8 +201,6 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   model = nnx.merge(graph, state)
   b, p = prompt_bp.shape
   n = cfg.max_new_tokens
-  pos = jnp.arange(p)[None, :] - (p - prompt_len_b[:, None])   # left-padded
-  seg = (pos >= 0).astype(jnp.int32)
   if cache_buffers is None:
     cache = model_lib.init_cache(model.cfg, b, ops.cache_slots(p + n))
   else:  # zeroed in the donated buffers themselves (kept: keep_unused)
@@ -189,9 +208,8 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
   # The experts laid out once for the decode steps' b tokens (exact paths,
   # no per-step weight copies); the prefill uses the same arrays.
   decode_ws = _decode.model_decode_weights(model, b)
-  logits, cache, prompt_experts = _decode.forward(
-      model, prompt_bp, positions_bt=jnp.maximum(pos, 0), segment_ids_bt=seg,
-      cache=cache, layouts=decode_ws, last_logits_only=True)
+  logits, cache, prompt_experts = prefill(model, prompt_bp, prompt_len_b,
+                                          cache, decode_ws)
   n_moe = model.cfg.pattern.count('E')
   k_top = model.cfg.moe.top_k if n_moe else 0
   experts0 = jnp.zeros((b, n, n_moe, k_top), jnp.int32)
@@ -233,12 +251,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
           experts0, done)
   t, _, cache, _, toks, lps, kept, experts, done = jax.lax.while_loop(
       cond, body, init)
-  steps = jnp.arange(n)[None, :]
-  stops = is_stop(toks, stop_ids)
-  stop_at = jnp.argmax(stops, axis=1)
-  has_stop = jnp.any(stops, axis=1)
-  length = jnp.where(has_stop, stop_at + 1, t)
-  mask = (steps < length[:, None]).astype(jnp.int32)
+  mask, has_stop = reply_mask(toks, stop_ids, t)
   if not (record_experts and n_moe):
     prompt_experts = None
   return Rollout(tokens=toks, logprobs=lps * mask, mask=mask,
