@@ -228,6 +228,11 @@ def test_tool_use_errors_are_observations():
      'non-finite number (NaN)'),
     ('<tool_call>{"name": "add", "arguments": {"a": -Infinity, "b": 1}}'
      '</tool_call>', 'non-finite number (-Infinity)'),
+    # Past float's range: parsed as infinity unless checked (issue 32).
+    ('<tool_call>{"name": "add", "arguments": {"a": 1e999, "b": 1}}'
+     '</tool_call>', 'non-finite number (1e999)'),
+    ('<tool_call>{"name": "add", "arguments": {"a": -2.5E+400, "b": 1}}'
+     '</tool_call>', 'non-finite number (-2.5E+400)'),
     ('<tool_call>' + '[' * 2000 + ']' * 2000 + '</tool_call>',
      'nested too deeply'),
     (call('get_weather', city='x' * 3000), 'more characters cut'),

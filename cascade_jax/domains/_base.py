@@ -162,15 +162,24 @@ def user(text: str) -> list[dict[str, str]]:
 
 # ----------------------------------------------------- response helpers
 
-_THINK = re.compile(r'<think>.*?</think>', re.S)
 
 
 def strip_think(response: str) -> str:
-  """The answer part of a response: everything outside <think> blocks."""
-  response = _THINK.sub('', response)
-  if '<think>' in response:  # an unclosed thought: nothing after it counts
-    response = response.split('<think>')[0]
-  return response.strip()
+  """The answer part of a response: everything outside <think> blocks.
+
+  A block runs from a <think> to the first </think> after it; after an
+  unclosed <think> nothing counts. One pass (linear: a lazy regex over a
+  flood of unclosed tags is quadratic, and responses are model-written).
+  """
+  kept, at = [], 0
+  while (start := response.find('<think>', at)) >= 0:
+    kept.append(response[at:start])
+    end = response.find('</think>', start + len('<think>'))
+    if end < 0:
+      return ''.join(kept).strip()
+    at = end + len('</think>')
+  kept.append(response[at:])
+  return ''.join(kept).strip()
 
 
 def last_boxed(text: str) -> str | None:

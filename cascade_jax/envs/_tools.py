@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,7 +47,8 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     if len(body) > MAX_CALL_CHARS:
       raise ToolCallError(f'tool call longer than {MAX_CALL_CHARS} characters')
     try:
-      obj = json.loads(body, parse_constant=_non_finite)
+      obj = json.loads(body, parse_constant=_non_finite,
+                       parse_float=_finite_float)
     except ToolCallError:
       raise
     except RecursionError:
@@ -66,6 +68,13 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
       raise ToolCallError(f'unknown keys in the tool call: {extra}')
     calls.append(ToolCall(obj['name'], args))
   return calls
+
+
+def _finite_float(text: str) -> float:
+  value = float(text)
+  if not math.isfinite(value):   # 1e999: past float's range, not a number
+    _non_finite(text)
+  return value
 
 
 def _non_finite(name: str):
