@@ -16,7 +16,10 @@ import random
 import threading
 from collections.abc import Callable
 
+from absl import logging
+
 from cascade_jax.domains import _base
+from cascade_jax.sandbox import SANDBOX_ERROR
 from cascade_jax.sandbox import Sandbox
 
 
@@ -184,13 +187,24 @@ def run_programs(records, programs, sandbox=None) -> list[_base.Score]:
   keys = [_job_key(sandbox, j) for j in jobs]
   with _LOCK:
     todo = {k: j for k, j in zip(keys, jobs) if k not in _VERDICTS}
-  results = sandbox.run_tests_batch(list(todo.values()))
+  results = dict(zip(todo, sandbox.run_tests_batch(list(todo.values()))))
+  # A sandbox that failed to start says nothing about the program: once
+  # more, then a failing score that is not kept (nor is a timeout: both may
+  # go another way on a quieter machine).
+  again = [k for k, res in results.items() if res.status == SANDBOX_ERROR]
+  if again:
+    results.update(zip(again, sandbox.run_tests_batch([todo[k]
+                                                       for k in again])))
+    for k in again:
+      if results[k].status == SANDBOX_ERROR:
+        logging.warning('code: the sandbox failed twice to start: %s',
+                        results[k].error)
   fresh = {k: _base.binary(res.passed, status=res.status,
                            error=res.error[:300])
-           for k, res in zip(todo, results)}
+           for k, res in results.items()}
   with _LOCK:
     for k, score in fresh.items():
-      if score.details['status'] != 'timeout':   # may pass on a quieter machine
+      if score.details['status'] not in ('timeout', SANDBOX_ERROR):
         _VERDICTS[k] = score
     out = []
     for k in keys:

@@ -21,12 +21,13 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import struct
 import sys
 
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
+_CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _PR_SET_NO_NEW_PRIVS = 38
 
@@ -130,12 +131,66 @@ def _write(path, text):
     f.write(text)
 
 
+def _keep_only_fds(*keep):
+  """Closes every fd but stdin / stdout / stderr and `keep`."""
+  lo = 3
+  for fd in sorted(keep):
+    os.closerange(lo, fd)
+    lo = fd + 1
+  os.closerange(lo, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def _wait(pid):
+  return os.waitpid(pid, 0)[1]
+
+
+def _end_as(status):
+  """Exits as a process with wait status `status` did (its signal re-raised)."""
+  if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+  os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)  # pylint: disable=protected-access
+
+
+def _enter_pid_namespace(libc):
+  """Called after unshare(CLONE_NEWPID): returns in a process of the new PID
+  namespace, which sees only its own processes (a fresh /proc).
+
+  This process (outside) forks the namespace's init, which mounts /proc,
+  forks the process that returns here and reaps it; when init exits, the
+  kernel kills whatever is left in the namespace (daemonised children too).
+  The program is not init itself: init ignores signals it has no handler
+  for (SIGXCPU from the CPU limit among them). The wait status travels
+  back, so this process ends as the program did (exit code or signal), as
+  the trainer sees it.
+  """
+  r, w = os.pipe()
+  init = os.fork()
+  if init:
+    _keep_only_fds(r)
+    status = _wait(init)
+    data = os.read(r, 4)
+    _end_as(struct.unpack('>i', data)[0] if len(data) == 4 else status)
+  os.close(r)
+  _check(libc.mount(b'proc', b'/proc', b'proc',
+                    _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), 'mount /proc')
+  child = os.fork()
+  if child:
+    _keep_only_fds(w)
+    os.write(w, struct.pack('>i', _wait(child)))
+    os._exit(0)  # pylint: disable=protected-access
+  os.close(w)
+
+
 def confine(job):
   """Namespaces, a private read-only filesystem, rlimits, then drop to uid."""
   libc = _libc()
   lim = job['limits']
   root = os.geteuid() == 0
-  flags = _CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS
+  flags = (_CLONE_NEWNET | _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS |
+           _CLONE_NEWPID)
   isolated = False
   if job['namespaces']:
     outer_uid, outer_gid = os.geteuid(), os.getegid()
@@ -148,12 +203,13 @@ def confine(job):
         _write('/proc/self/uid_map', f'0 {outer_uid} 1')
         _write('/proc/self/gid_map', f'0 {outer_gid} 1')
     elif job['require_isolation']:
-      raise OSError(ctypes.get_errno(), 'unshare (network / mount namespaces)'
-                    ' failed and isolation is required')
+      raise OSError(ctypes.get_errno(), 'unshare (network / mount / PID '
+                    'namespaces) failed and isolation is required')
   uid = job['uid'] if root else os.getuid()
   if isolated:
     _check(libc.mount(None, b'/', None, _MS_REC | _MS_PRIVATE, None),
            'make mounts private')
+    _enter_pid_namespace(libc)
     # Every existing mount read-only: the program may write only to its
     # fresh /tmp (and /dev/shm), which vanish with its mount namespace.
     with open('/proc/self/mountinfo') as f:
@@ -280,11 +336,18 @@ def main():
   control = int(sys.argv[1])
   job = recv(control)
   os.close(control)
+  setup = job['setup_fd']
   try:
     confine(job)
   except BaseException as e:  # pylint: disable=broad-except
-    sys.stderr.write(f'sandbox set-up failed: {type(e).__name__}: {e}\n')
+    # On the set-up pipe (closed below, before any untrusted code runs, so
+    # a program cannot fake it): the trainer tells a sandbox that failed to
+    # start from a program that failed.
+    msg = f'{type(e).__name__}: {e}'
+    os.write(setup, msg.encode()[:4096])
+    sys.stderr.write(f'sandbox set-up failed: {msg}\n')
     os._exit(70)  # pylint: disable=protected-access
+  os.close(setup)
   {'solution': role_solution, 'judge': role_judge,
    'script': role_script}[job['role']](job)
 

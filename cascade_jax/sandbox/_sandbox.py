@@ -3,10 +3,12 @@
 What the sandbox guarantees when the trainer runs as root on Linux (as on
 these machines and in CI):
 
-- Each program runs in a fresh process, in new network, mount, IPC and UTS
-  namespaces: no network at all (not even loopback is up), every existing
-  mount re-mounted read-only, a private size-capped tmpfs as its working
-  directory and /tmp, which disappears with it.
+- Each program runs in a fresh process, in new network, mount, IPC, UTS and
+  PID namespaces: no network at all (not even loopback is up), every
+  existing mount re-mounted read-only, a private size-capped tmpfs as its
+  working directory and /tmp, which disappears with it; it sees only its
+  own processes (its /proc is its namespace's), and everything it started
+  dies with the namespace's init when it ends.
 - It runs under a uid of its own (one per pool slot, never shared with the
   trainer or another slot), with no supplementary groups and
   no_new_privs set, so it cannot signal, ptrace or write to the trainer,
@@ -17,6 +19,9 @@ these machines and in CI):
 - A minimal environment: nothing from the trainer's environment leaks in.
 - Afterwards every process of its uid is killed (`kill(-1)` as that uid), so
   daemonised or re-sessioned children do not survive the verdict.
+- A process whose set-up failed (namespaces, mounts, limits) reports it on a
+  pipe that is closed before the program runs: the result's status is
+  `SANDBOX_ERROR`, never a verdict on the program.
 - Verdicts come from a separate judge process (another uid) that runs the
   tests and calls the program's functions over pipes; values cross as plain
   builtin data only. Exiting early, `sys.exit`, `os._exit`, printing
@@ -26,11 +31,13 @@ these machines and in CI):
 What it does not do: it is not a VM. The program shares the kernel (a
 kernel exploit escapes), can read world-readable files and can use the CPU
 and memory up to its limits. Without root, it falls back to an unprivileged
-user namespace for network / filesystem isolation and to process-group
-kills; in that mode the program runs as the trainer's uid (it could signal
-the trainer's processes) and processes that start a new session can outlive
-the verdict. Where even user namespaces are unavailable it refuses to run
-(unless `require_isolation=False`, which also gives up the network ban).
+user namespace for network / filesystem / PID isolation and to
+process-group kills; in that mode the program runs as the trainer's uid
+(outside its PID namespace it could not name the trainer's processes, but
+shares its rlimits' accounting). Where even user namespaces are unavailable
+it refuses to run (unless `require_isolation=False`, which also gives up
+the network ban and the PID namespace: then processes that start a new
+session can outlive the verdict).
 """
 
 from __future__ import annotations
@@ -70,11 +77,32 @@ class Limits:
   tmpfs_bytes: int = 32 << 20     # its working directory
 
 
+# The sandbox itself failed to start a process (namespaces, mounts, limits):
+# says nothing about the program, and may not happen on a second try.
+SANDBOX_ERROR = 'sandbox_error'
+
+
+@dataclasses.dataclass
+class _Proc:
+  """A started sandbox process: its set-up pipe says whether set-up failed."""
+  popen: subprocess.Popen
+  uid: int
+  workdir: str | None
+  setup_r: int
+
+  def setup_error(self) -> str:
+    """What failed in its set-up ('' if it ran); call once it has ended."""
+    try:
+      return os.read(self.setup_r, 4096).decode(errors='replace')
+    except BlockingIOError:     # set-up went on: the pipe was closed unwritten
+      return ''                 # or a leftover holds it open
+
+
 @dataclasses.dataclass(frozen=True)
 class TestResult:
   """Outcome of running tests against a program."""
   passed: bool
-  status: str        # 'passed' | 'failed' | 'timeout' | 'error'
+  status: str        # 'passed' | 'failed' | 'timeout' | 'error' | SANDBOX_ERROR
   error: str = ''
   calls: int = 0     # calls the tests made into the program
   seconds: float = 0.0
@@ -83,7 +111,7 @@ class TestResult:
 @dataclasses.dataclass(frozen=True)
 class ScriptResult:
   returncode: int | None
-  status: str        # 'ok' | 'error' | 'timeout'
+  status: str        # 'ok' | 'error' | 'timeout' | SANDBOX_ERROR
   stdout: str = ''
   stderr: str = ''
   seconds: float = 0.0
@@ -206,23 +234,25 @@ class Sandbox:
       out_f = open(os.path.join(outdir, 'out'), 'wb')
       err_f = open(os.path.join(outdir, 'err'), 'wb')
       with out_f, err_f:
-        proc, workdir = self._spawn(
-            dict(role='script', program=program), uid, (), out_f, err_f)
-        procs.append((proc, uid, workdir))
+        proc = self._spawn(dict(role='script', program=program), uid, (),
+                           out_f, err_f)
+        procs.append(proc)
       try:
-        rc = proc.wait(timeout=self.limits.wall_seconds)
+        rc = proc.popen.wait(timeout=self.limits.wall_seconds)
         status = 'ok' if rc == 0 else 'error'
       except subprocess.TimeoutExpired:
         rc, status = None, 'timeout'
       cap = self.limits.output_bytes
       read = lambda n: open(os.path.join(outdir, n), 'rb').read(cap).decode(
           errors='replace')
-      return ScriptResult(rc, status, read('out'), read('err'),
-                          time.perf_counter() - t0)
+      out, err = read('out'), read('err')
     finally:
-      self._cleanup(procs)
+      setup_errors = self._cleanup(procs)
       shutil.rmtree(outdir, ignore_errors=True)
       _SLOTS.give(slot)
+    if status == 'error' and setup_errors[0]:
+      status, err = SANDBOX_ERROR, f'sandbox set-up failed: {setup_errors[0]}'
+    return ScriptResult(rc, status, out, err, time.perf_counter() - t0)
 
   def close(self):
     self._pool.shutdown()
@@ -236,15 +266,13 @@ class Sandbox:
     res_r, res_w = os.pipe()
     procs = []
     try:
-      proc, wd = self._spawn(
+      procs.append(self._spawn(
           dict(role='solution', program=program, fds=[req_r, resp_w]),
-          sol_uid, (req_r, resp_w))
-      procs.append((proc, sol_uid, wd))
-      proc, wd = self._spawn(
+          sol_uid, (req_r, resp_w)))
+      procs.append(self._spawn(
           dict(role='judge', tests=tests, setup=setup,
                entry_points=entry_points, fds=[req_w, resp_r, res_w]),
-          judge_uid, (req_w, resp_r, res_w))
-      procs.append((proc, judge_uid, wd))
+          judge_uid, (req_w, resp_r, res_w)))
       for fd in (req_r, req_w, resp_r, resp_w, res_w):
         os.close(fd)
       req_r = req_w = resp_r = resp_w = res_w = -1
@@ -253,8 +281,13 @@ class Sandbox:
       for fd in (req_r, req_w, resp_r, resp_w, res_w, res_r):
         if fd >= 0:
           os.close(fd)
-      self._cleanup(procs)
+      setup_errors = self._cleanup(procs)
     dt = time.perf_counter() - t0
+    why = [f'({role}): {e}' for role, e in zip(('program', 'judge'),
+                                              setup_errors) if e]
+    if why and not (verdict or {}).get('passed'):
+      return TestResult(False, SANDBOX_ERROR,
+                        f'sandbox set-up failed {why[0]}', 0, dt)
     if verdict is None:
       return TestResult(False, 'timeout',
                         f'no verdict within {self.limits.wall_seconds}s', 0, dt)
@@ -302,37 +335,49 @@ class Sandbox:
                            output_bytes=int(lim.output_bytes),
                            tmpfs_bytes=int(lim.tmpfs_bytes)))
     ctl_r, ctl_w = os.pipe()
+    setup_r, setup_w = os.pipe()
+    os.set_blocking(setup_r, False)
+    job['setup_fd'] = setup_w
     try:
-      proc = subprocess.Popen(
+      popen = subprocess.Popen(
           [self._python, '-I', '-S', '-c', _BOOT, str(ctl_r)],
           stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-          pass_fds=(ctl_r, *fds), env=_ENV, start_new_session=True,
+          pass_fds=(ctl_r, setup_w, *fds), env=_ENV, start_new_session=True,
           close_fds=True)
+    except BaseException:
+      os.close(setup_r)
+      raise
     finally:
       os.close(ctl_r)
+      os.close(setup_w)
     data = json.dumps(job).encode()
     try:
       with os.fdopen(ctl_w, 'wb') as f:
         f.write(struct.pack('>I', len(data)) + data)
     except BrokenPipeError:
       pass  # it died at start; the verdict will say so
-    return proc, workdir
+    return _Proc(popen, uid, workdir, setup_r)
 
-  def _cleanup(self, procs):
-    for proc, _, _ in procs:
+  def _cleanup(self, procs) -> list[str]:
+    """Kills `procs` and all they left; each one's set-up error ('' if none)."""
+    for proc in procs:
       try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.popen.pid, signal.SIGKILL)
       except (ProcessLookupError, PermissionError):
         pass
-    for proc, uid, workdir in procs:
+    for proc in procs:
       try:
-        proc.wait(timeout=5)
+        proc.popen.wait(timeout=5)
       except subprocess.TimeoutExpired:
         pass
       if self.is_root:  # whatever escaped the process group
-        self._kill_uid(uid)
-      if workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+        self._kill_uid(proc.uid)
+      if proc.workdir:
+        shutil.rmtree(proc.workdir, ignore_errors=True)
+    errors = [proc.setup_error() for proc in procs]
+    for proc in procs:
+      os.close(proc.setup_r)
+    return errors
 
   def _kill_uid(self, uid, deadline_s: float = 10.0):
     """SIGKILL every process of `uid` (kill(-1) sent as that uid) until none
