@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import sys
 
 import pytest
 
@@ -303,3 +304,39 @@ def test_flawed_demonstrations_fail_in_the_real_environment(sb, name):
     assert step.done and step.reward == (0.0 if rec.get('flawed') else 1.0), (
         rec['id'], convo[-3:])
     assert convo[len(rec['messages']):] == rec['turns']
+
+
+def test_swe_agent_demonstrations_run_in_the_sandbox_not_the_trainer(
+    monkeypatch):
+  # The repositories' code ran in this process with exec (issue 32),
+  # changing sys.modules, sys.path and stdout for every thread. A repository
+  # that marks the process it runs in: this one stays unmarked, and the
+  # demonstrations (the visible tests' report at level 3 included) are the
+  # environment's.
+  import builtins  # pylint: disable=g-import-not-at-top
+  make = swe_agent._make
+
+  def marked(rng, level):
+    key, rec = make(rng, level)
+    files = dict(rec['files'])
+    files['pkg/__init__.py'] += 'import builtins\nbuiltins.cascade_jax_ran = 1\n'
+    return key, dict(rec, files=files)
+
+  monkeypatch.setattr(swe_agent, '_make', marked)
+  recs = domains.generate('swe_agent', split='train', n=6, seed=0,
+                          levels=(3,), response_quality=0.5)
+  assert not hasattr(builtins, 'cascade_jax_ran')
+  assert not any(m == 'pkg' or m.startswith('pkg.') for m in sys.modules)
+  report = [m['content'] for r in recs for m in r['turns'] if m['role'] == 'tool'
+            and 'passed' in m['content']]
+  assert len(report) == len(recs), [r['turns'] for r in recs]
+
+
+def test_a_failed_demonstration_batch_is_named():
+  slow = Sandbox(dataclasses.replace(swe_agent.DEMO_LIMITS, wall_seconds=0.05))
+  recs = swe_agent._base.sample(
+      swe_agent._make, domain='swe_agent', split='train', n=2, seed=0,
+      levels=(1,))
+  with pytest.raises(RuntimeError, match='demonstration runs failed in the '
+                     'sandbox .timeout'):
+    swe_agent.demonstrations(recs, slow)

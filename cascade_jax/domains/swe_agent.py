@@ -26,12 +26,18 @@ Records carry a demonstration (`turns`) of that shortest path, for SFT.
 
 from __future__ import annotations
 
+import json
 import random
+import threading
 
 from cascade_jax import envs
 from cascade_jax.domains import _base
 from cascade_jax.domains import code
 from cascade_jax.domains import swe
+from cascade_jax.sandbox import Limits
+from cascade_jax.sandbox import Sandbox
+from cascade_jax.sandbox import ScriptResult
+from cascade_jax.sandbox import TestResult
 
 MODULE, TEST_PATH = 'pkg/ops.py', 'tests/test_ops.py'
 TOOLS_TEXT = ('Tools: list_files, read_file(path), search(text), '
@@ -87,26 +93,16 @@ def _make(rng: random.Random, level: int):
   prompt = f'{TOOLS_TEXT}\n{ask}'
   rec = dict(messages=_base.user(prompt), files=files, module='pkg.ops',
              entry_point=task.name, tests=tests, test_path=TEST_PATH)
-  rec['turns'] = _demonstration(rec, turns)
+  # The replies alone: `generate` replays them in the environment, with
+  # what the sandbox answers, once the records are drawn.
+  rec['turns'] = _replies(turns)
   # One problem: a bug and the test that shows it (the neighbours vary).
   key = f'{task.name}:{sorted(params.items())}:{shown}'
   return key, rec
 
 
-
-def _demonstration(rec, replies, reward=1.0) -> list[dict]:
-  """The conversation after the prompt, the environment's answers included.
-
-  Tool outputs that would need the sandbox (run_tests) are computed by our
-  own code here (the repository is ours): a demonstration never runs
-  anything the model wrote.
-  """
-  env = SweAgentEnv(sandbox=_HostRunner())
-  convo, step = envs.run_scripted(env, rec, replies)
-  if not (step.done and step.reward == reward):
-    raise AssertionError(f'swe_agent: the demonstration earns {step.reward}, '
-                         f'not {reward} ({step})')
-  return convo[len(rec['messages']):]
+def _replies(calls):
+  return [{'role': 'assistant', 'content': c} for c in calls]
 
 
 def _flaw(rng: random.Random, rec: dict) -> list[dict]:
@@ -114,54 +110,137 @@ def _flaw(rng: random.Random, rec: dict) -> list[dict]:
   submits without the fix (the fix is what RL has to learn to keep)."""
   del rng
   calls = [m['content'] for m in rec['turns'] if m['role'] == 'assistant']
-  return _demonstration(rec, calls[:-2] + calls[-1:], 0.0)
+  return _replies(calls[:-2] + calls[-1:])
 
 
-class _HostRunner:
-  """Stands in for the sandbox while *we* build demonstrations from our own code."""
+# ---------------------------------------------------------- demonstrations
+#
+# A demonstration's tool outputs (the visible tests' report, the hidden
+# tests' verdict) come from running the repository: in the sandbox, as every
+# other program. One sandbox process runs many (a process a tool call would
+# cost ~80 ms each: minutes for an SFT mix), each in a fresh directory and
+# module table; the trainer's own modules, path and stdout are never touched.
+
+# Limits of one batch process (DEMO_BATCH repositories, ours, small).
+DEMO_LIMITS = Limits(wall_seconds=300, cpu_seconds=300, memory_bytes=1 << 30,
+                     processes=8, output_bytes=64 << 20, tmpfs_bytes=64 << 20)
+DEMO_BATCH = 512
+
+_BATCH = """\
+import contextlib, io, json, os, shutil, sys, tempfile
+_jobs = json.loads({jobs!r})
+_results = []
+for _kind, _program, _tests in _jobs:
+    _out, _failed, _path = io.StringIO(), False, list(sys.path)
+    _dir = tempfile.mkdtemp()
+    try:
+        _ns = {{'__name__': '__main__', '_BASE': _dir}}
+        with contextlib.redirect_stdout(_out):
+            try:
+                exec(_program, _ns)
+                exec(_tests, _ns)
+            except SystemExit:
+                pass
+            except Exception:
+                _failed = True
+    finally:
+        sys.path[:] = _path
+        for _m in [m for m in sys.modules if m == 'pkg' or m.startswith('pkg.')]:
+            del sys.modules[_m]
+        shutil.rmtree(_dir, ignore_errors=True)
+    _results.append([_out.getvalue(), _failed])
+sys.stdout.write(json.dumps(_results))
+"""
+
+
+class _Recorder:
+  """Pass 1: notes each program a replay would run; answers with nothing."""
 
   class limits:  # pylint: disable=invalid-name
-    wall_seconds = 5.0
+    wall_seconds = DEMO_LIMITS.wall_seconds
+
+  def __init__(self):
+    self.jobs: list[tuple[str, str, str]] = []
 
   def run_script(self, program):
-    from cascade_jax.sandbox import ScriptResult  # pylint: disable=g-import-not-at-top
-    out, _ = self._exec(program, '')
+    self.jobs.append(('script', program, ''))
+    return ScriptResult(0, 'ok', '', '', 0.0)
+
+  def run_tests_batch(self, jobs):
+    self.jobs += [('tests', j['program'], j['tests']) for j in jobs]
+    # 'timeout' so that code.run_programs keeps no verdict of this pass.
+    return [TestResult(False, 'timeout') for _ in jobs]
+
+
+class _Answers:
+  """Pass 2: the sandbox's answers to the recorded programs."""
+
+  class limits:  # pylint: disable=invalid-name
+    # Its own key in code's verdict cache (its repr): these verdicts come
+    # from our repositories run with DEMO_LIMITS, not the RL sandbox's.
+    wall_seconds = DEMO_LIMITS.wall_seconds
+
+  def __init__(self, answers: dict):
+    self.answers = answers
+
+  def run_script(self, program):
+    out, _ = self.answers['script', program, '']
     return ScriptResult(0, 'ok', out, '', 0.0)
 
   def run_tests_batch(self, jobs):
-    return [self.run_tests(j['program'], j['tests'], j['entry_points'])
-            for j in jobs]
+    return [TestResult(not failed, 'failed' if failed else 'passed')
+            for _, failed in (self.answers['tests', j['program'], j['tests']]
+                              for j in jobs)]
 
-  def run_tests(self, program, tests, entry_points, setup=''):
-    from cascade_jax.sandbox import TestResult  # pylint: disable=g-import-not-at-top
-    del entry_points, setup
-    _, failed = self._exec(program, tests)
-    return TestResult(not failed, 'passed' if not failed else 'failed')
 
-  @staticmethod
-  def _exec(program: str, tests: str) -> tuple[str, bool]:
-    """Runs `program` (then `tests`, in its namespace); (stdout, failed)."""
-    import contextlib  # pylint: disable=g-import-not-at-top
-    import io  # pylint: disable=g-import-not-at-top
-    import sys  # pylint: disable=g-import-not-at-top
-    import tempfile  # pylint: disable=g-import-not-at-top
-    out, path, failed = io.StringIO(), list(sys.path), False
-    with tempfile.TemporaryDirectory() as d:
-      try:
-        ns = {'__name__': '__main__', '_BASE': d}
-        with contextlib.redirect_stdout(out):
-          try:
-            exec(program, ns)  # pylint: disable=exec-used
-            exec(tests, ns)  # pylint: disable=exec-used
-          except SystemExit:
-            pass
-          except Exception:  # pylint: disable=broad-except
-            failed = True
-      finally:
-        sys.path[:] = path
-        for m in [m for m in sys.modules if m == 'pkg' or m.startswith('pkg.')]:
-          del sys.modules[m]
-    return out.getvalue(), failed
+def _run_batches(jobs, sandbox: Sandbox) -> dict:
+  """{job: (stdout, failed)}, DEMO_BATCH jobs a sandbox process."""
+  todo = list(dict.fromkeys(jobs))
+  chunks = [todo[i:i + DEMO_BATCH] for i in range(0, len(todo), DEMO_BATCH)]
+  results = sandbox.run_scripts_batch(
+      [_BATCH.format(jobs=json.dumps(c)) for c in chunks])
+  answers = {}
+  for chunk, res in zip(chunks, results):
+    if res.status != 'ok':
+      raise RuntimeError(f'swe_agent: a batch of {len(chunk)} demonstration '
+                         f'runs failed in the sandbox ({res.status}, exit '
+                         f'{res.returncode}): {res.stderr[-2000:]}')
+    answers.update(zip(chunk, (tuple(r) for r in json.loads(res.stdout))))
+  return answers
+
+
+def demonstrations(records, sandbox: Sandbox | None = None) -> list[dict]:
+  """`records` with each one's `turns` (its replies) replaced by the whole
+  conversation after the prompt, the environment's answers included, run in
+  the sandbox; each must earn 1 (0 for a `flawed` record)."""
+  replies = [[m['content'] for m in r['turns'] if m['role'] == 'assistant']
+             for r in records]
+  recorder = _Recorder()
+  for r, calls in zip(records, replies):
+    envs.run_scripted(SweAgentEnv(sandbox=recorder), r, calls)
+  answers = _run_batches(recorder.jobs, sandbox or _demo_sandbox())
+  out = []
+  for r, calls in zip(records, replies):
+    convo, step = envs.run_scripted(SweAgentEnv(sandbox=_Answers(answers)),
+                                    r, calls)
+    want = 0.0 if r.get('flawed') else 1.0
+    if not (step.done and step.reward == want):
+      raise AssertionError(f"swe_agent: the demonstration of {r['id']} earns "
+                           f'{step.reward}, not {want} ({step})')
+    out.append(dict(r, turns=convo[len(r['messages']):]))
+  return out
+
+
+_DEMO_SANDBOX: Sandbox | None = None
+_LOCK = threading.Lock()
+
+
+def _demo_sandbox() -> Sandbox:
+  global _DEMO_SANDBOX
+  with _LOCK:
+    if _DEMO_SANDBOX is None:
+      _DEMO_SANDBOX = Sandbox(DEMO_LIMITS)
+    return _DEMO_SANDBOX
 
 
 class SweAgentEnv:
@@ -189,7 +268,6 @@ class SweAgentEnv:
 
   def _sandbox(self):
     if self.sandbox is None:
-      from cascade_jax.sandbox import Sandbox  # pylint: disable=g-import-not-at-top
       self.sandbox = Sandbox(envs.TOOL_LIMITS, workers=1)
     return self.sandbox
 
@@ -239,10 +317,10 @@ def make_env(record, sandbox=None) -> SweAgentEnv:
 
 def generate(*, split, n, seed, levels=(1, 2, 3), eval_fraction=0.2,
              split_by='problem', response_quality=1.0):
-  return _base.sample(_make, domain='swe_agent', split=split, n=n, seed=seed,
-                      levels=levels, eval_fraction=eval_fraction,
-                      split_by=split_by, response_quality=response_quality,
-                      flaw=_flaw)
+  return demonstrations(_base.sample(
+      _make, domain='swe_agent', split=split, n=n, seed=seed, levels=levels,
+      eval_fraction=eval_fraction, split_by=split_by,
+      response_quality=response_quality, flaw=_flaw))
 
 
 DOMAIN = _base.Domain(

@@ -220,6 +220,10 @@ class Sandbox:
     """Many `run_tests(**job)` in parallel on the pool, results in order."""
     return list(self._pool.map(lambda j: self.run_tests(**j), jobs))
 
+  def run_scripts_batch(self, programs: Sequence[str]) -> list[ScriptResult]:
+    """Many `run_script(program)` in parallel on the pool, results in order."""
+    return list(self._pool.map(self.run_script, programs))
+
   def run_script(self, program: str) -> ScriptResult:
     """Runs `program` as __main__: exit code and capped stdout / stderr.
 
