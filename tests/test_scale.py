@@ -417,22 +417,34 @@ def _assert_same_cascade(want_dir, got_dir, want_recs, got_recs, atol,
                                     dict(rtol=2e-2, atol=1e-4)))
 
 
+@pytest.fixture(scope='module')
+def mesh_cascades(tmp_path_factory):
+  """The mini cascade on one device and on each of MESHES, each in a process
+  of its own, as a user runs it (in CI's test worker, after hundreds of other
+  tests, one crashed without a trace): {name: (workdir, stage records)}.
+
+  IF-RL runs 4 steps so that the two-process test can kill it mid-stage and
+  compare with the data 2 x expert 4 run here (one cascade fewer in CI).
+  """
+  root = tmp_path_factory.mktemp('cascades')
+  return {name: (root / name, _cascade_in_a_process(mesh, root / name,
+                                                    if_rl_steps=4))
+          for name, mesh in {'one': None, **MESHES}.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group('heavy')
-def test_quick_cascade_on_two_meshes_equals_one_device(tmp_path):
+def test_quick_cascade_on_two_meshes_equals_one_device(mesh_cascades):
   # Tolerance, every weight after SFT (30 AdamW steps), IF-RL and MOPD:
   # 1e-4 relative in norm per tensor, 1e-3 for any one weight (measured:
   # 7e-6 max on data 2 x expert 4; 1.1e-4 for one MOPD weight of 32,768
   # with tensor parallelism's other summation order); the sampled
   # responses, and so every score, exactly equal.
-  # Each cascade in a process of its own, as a user runs it (in CI's test
-  # worker, after hundreds of other tests, one crashed without a trace).
-  want = _cascade_in_a_process(None, tmp_path / 'one')
+  one, want = mesh_cascades['one']
   for name, mesh in MESHES.items():
-    got = _cascade_in_a_process(mesh, tmp_path / name)
-    _assert_same_cascade(tmp_path / 'one', tmp_path / name, want, got,
-                         atol=1e-4)
-    stage = json.load(open(tmp_path / name / 'if_rl' / 'config.json'))
+    work, got = mesh_cascades[name]
+    _assert_same_cascade(one, work, want, got, atol=1e-4)
+    stage = json.load(open(work / 'if_rl' / 'config.json'))
     assert stage['mesh'] == mesh
     assert stage['init_from'] == 'sft'    # relative to the cascade's dir
 
@@ -480,7 +492,8 @@ def _launch(workdir, i, port, log):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('heavy')
-def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path):
+def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path,
+                                                          mesh_cascades):
   # 2 processes x 4 CPU devices = one data 2 x expert 4 mesh. Process 1 is
   # killed mid IF-RL (after its step-1 checkpoint); both are restarted and
   # the run ends where one process on the same mesh ends.
@@ -509,8 +522,7 @@ def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path):
   log0 = open(tmp_path / 'p0.log').read()
   assert 'sft (sft): done earlier, skipped' in log0
   assert '[rl] resumed from step 1' in log0
-  # One process, the same mesh (8 devices in this test process).
-  want = _cascade_in_a_process(dict(data=2, expert=4), tmp_path / 'one',
-                               if_rl_steps=4)
+  # One process, the same mesh (8 devices in a process of its own).
+  one, want = mesh_cascades['data2_expert4']
   got = [json.load(open(work / r['name'] / 'stage.json')) for r in want]
-  _assert_same_cascade(tmp_path / 'one', work, want, got, atol=1e-4)
+  _assert_same_cascade(one, work, want, got, atol=1e-4)
