@@ -224,10 +224,12 @@ class Sandbox:
     """Many `run_script(program)` in parallel on the pool, results in order."""
     return list(self._pool.map(self.run_script, programs))
 
-  def run_script(self, program: str) -> ScriptResult:
-    """Runs `program` as __main__: exit code and capped stdout / stderr.
+  def run_script(self, program: str, stdin: str = '') -> ScriptResult:
+    """Runs `program` as __main__ with `stdin` as its standard input: exit
+    code and capped stdout / stderr.
 
-    Never a reward signal: a program controls its own exit code and output.
+    Its exit code and output are the program's to choose: a verdict from
+    them (stdin / stdout tests) compares the output with what is expected.
     """
     t0 = time.perf_counter()
     slot = _SLOTS.take()
@@ -235,11 +237,14 @@ class Sandbox:
     procs = []
     try:
       uid = _SLOTS.uids(slot)[0]
+      with open(os.path.join(outdir, 'in'), 'w') as f:
+        f.write(stdin)
+      in_f = open(os.path.join(outdir, 'in'), 'rb')
       out_f = open(os.path.join(outdir, 'out'), 'wb')
       err_f = open(os.path.join(outdir, 'err'), 'wb')
-      with out_f, err_f:
+      with in_f, out_f, err_f:
         proc = self._spawn(dict(role='script', program=program), uid, (),
-                           out_f, err_f)
+                           out_f, err_f, stdin=in_f)
         procs.append(proc)
       try:
         rc = proc.popen.wait(timeout=self.limits.wall_seconds)
@@ -324,7 +329,7 @@ class Sandbox:
       return {'error': 'judge wrote a malformed verdict'}
 
   def _spawn(self, job, uid, fds, stdout=subprocess.DEVNULL,
-             stderr=subprocess.DEVNULL):
+             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL):
     lim = self.limits
     workdir = None
     if not self.namespaces:
@@ -345,7 +350,7 @@ class Sandbox:
     try:
       popen = subprocess.Popen(
           [self._python, '-I', '-S', '-c', _BOOT, str(ctl_r)],
-          stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+          stdin=stdin, stdout=stdout, stderr=stderr,
           pass_fds=(ctl_r, setup_w, *fds), env=_ENV, start_new_session=True,
           close_fds=True)
     except BaseException:

@@ -1,0 +1,366 @@
+"""NeMo-Gym rows (the format of Nemotron-Cascade 2's public RL set): read, checked, verified.
+
+A row is one JSON object a line:
+
+  responses_create_params.input   the prompt messages ({role, content}; a
+                                  content is a string or a list of
+                                  {type: input_text | output_text, text})
+  agent_ref                       optional: the agent that served it
+  the verifier's fields, by kind:
+    math                   expected_answer (top level or verifier_metadata)
+    code                   verifier_metadata.unit_tests = {inputs, outputs}:
+                           stdin and the expected stdout of each test
+    instruction_following  instruction_id_list, kwargs, grading_mode
+                           (verifier_metadata, or top level in older rows)
+
+A rollout row adds `response`, in the Responses API's output format:
+`output[]` items of type `message` whose `content[]` items of type
+`output_text` hold the text; other items (`reasoning`, tool calls) are not
+the answer.
+
+Verification follows the reference implementations:
+- math: math-verify alone (no model judge), the gold answer boxed and read
+  as LaTeX, the response read as LaTeX or a plain expression (the
+  configuration NeMo-Gym's and verl's math rewards use).
+- code: the last fenced block of the response, run in the sandbox once per
+  test with the test's stdin; its stdout is compared as LiveCodeBench does
+  (whole output stripped, then line by line, each line stripped; a line
+  that differs passes if its tokens are numbers that agree, floats within
+  1e-6 absolute or relative, integers exactly); the first failing test is
+  reported (wrong answer, time limit, runtime error).
+- instruction following: not verifiable here yet (the IFEval / IFBench
+  registries and the IF-RLVR ids are issue 32's next step): such rows are
+  read and checked, and verifying them is refused with the ids named.
+
+Any malformed row is an error naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import decimal
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from cascade_jax.domains import _base
+from cascade_jax.sandbox import Limits
+from cascade_jax.sandbox import Sandbox
+
+KINDS = ('math', 'code', 'instruction_following')
+GRADING_MODES = ('binary', 'fraction')
+# One test's limits (LiveCodeBench's default per-test timeout is 6 s).
+TEST_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=6, memory_bytes=1 << 30,
+                     processes=16, output_bytes=16 << 20)
+
+
+class RowError(ValueError):
+  """A row that does not fit the format: names the file, line and field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  kind: str
+  messages: list[dict]       # {role, content} with string contents
+  fields: dict               # the verifier's fields
+  raw: dict                  # the row as read
+  where: str                 # 'FILE:LINE'
+
+
+# ------------------------------------------------------------------ reading
+
+
+def read_rows(path: str) -> list[Row]:
+  """Every row of a JSONL file, checked; the first bad one raises RowError."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path}: no such file')
+  rows = []
+  with open(path, encoding='utf-8') as f:
+    for i, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f'{path}:{i}'
+      try:
+        obj = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise RowError(f'{where}: not JSON ({e.msg} at column {e.colno})'
+                       ) from None
+      rows.append(parse_row(obj, where))
+  if not rows:
+    raise RowError(f'{path}: no rows')
+  return rows
+
+
+def _get(obj: Any, dotted: str, where: str, kind: type | tuple = object):
+  cur = obj
+  for part in dotted.split('.'):
+    if not isinstance(cur, dict) or part not in cur:
+      raise RowError(f'{where}: missing field {dotted!r}')
+    cur = cur[part]
+  if not isinstance(cur, kind):
+    raise RowError(f'{where}: field {dotted!r} must be '
+                   f'{getattr(kind, "__name__", kind)}, got '
+                   f'{type(cur).__name__}')
+  return cur
+
+
+def _text(content, where: str, field: str) -> str:
+  if isinstance(content, str):
+    return content
+  if not isinstance(content, list):
+    raise RowError(f'{where}: field {field!r} must be a string or a list of '
+                   f'text parts, got {type(content).__name__}')
+  parts = []
+  for j, part in enumerate(content):
+    kind = part.get('type') if isinstance(part, dict) else None
+    if kind not in ('input_text', 'output_text', 'text'):
+      raise RowError(f'{where}: field {field}[{j}] is a {kind!r} part; only '
+                     'text parts are read')
+    parts.append(_get(part, 'text', where, str))
+  return ''.join(parts)
+
+
+def _messages(obj: dict, where: str) -> list[dict]:
+  items = _get(obj, 'responses_create_params.input', where, (list, str))
+  if isinstance(items, str):            # the API's shorthand: one user turn
+    return [{'role': 'user', 'content': items}]
+  out = []
+  for j, m in enumerate(items):
+    field = f'responses_create_params.input[{j}]'
+    if not isinstance(m, dict):
+      raise RowError(f'{where}: field {field!r} must be an object')
+    role = _get(m, 'role', where, str)
+    if role not in ('system', 'developer', 'user', 'assistant'):
+      raise RowError(f'{where}: field {field}.role is {role!r}; rows with '
+                     'tool turns are not read here yet')
+    out.append({'role': 'system' if role == 'developer' else role,
+                'content': _text(m.get('content'), where,
+                                 f'{field}.content')})
+  if not out:
+    raise RowError(f'{where}: field responses_create_params.input is empty')
+  return out
+
+
+def _verifier_field(obj: dict, name: str):
+  meta = obj.get('verifier_metadata')
+  if isinstance(meta, dict) and name in meta:
+    return meta[name], f'verifier_metadata.{name}'
+  if name in obj:
+    return obj[name], name
+  return None, None
+
+
+def parse_row(obj: Any, where: str) -> Row:
+  """One row, checked, its kind decided by its fields."""
+  if not isinstance(obj, dict):
+    raise RowError(f'{where}: a row is a JSON object, got '
+                   f'{type(obj).__name__}')
+  messages = _messages(obj, where)
+  tools = obj['responses_create_params'].get('tools') or []
+  if tools:
+    raise RowError(f'{where}: field responses_create_params.tools names '
+                   f'{len(tools)} tools; tool and multi-turn rows are not '
+                   'read here yet')
+  ids, ids_at = _verifier_field(obj, 'instruction_id_list')
+  answer, answer_at = _verifier_field(obj, 'expected_answer')
+  meta = obj.get('verifier_metadata')
+  tests = meta.get('unit_tests') if isinstance(meta, dict) else None
+  found = [k for k, v in (('instruction_following', ids), ('math', answer),
+                          ('code', tests)) if v is not None]
+  if len(found) != 1:
+    raise RowError(
+        f'{where}: ' + ('no verifier fields (instruction_id_list, '
+                        'expected_answer or verifier_metadata.unit_tests); '
+                        f'keys: {sorted(obj)}' if not found else
+                        f'fields of several kinds: {found}'))
+  kind = found[0]
+  if kind == 'math':
+    if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
+      raise RowError(f'{where}: field {answer_at!r} must be a string or a '
+                     f'number, got {type(answer).__name__}')
+    fields = dict(expected_answer=str(answer))
+  elif kind == 'code':
+    inputs = _get(tests, 'inputs', where, list)
+    outputs = _get(tests, 'outputs', where, list)
+    if len(inputs) != len(outputs) or not inputs:
+      raise RowError(f'{where}: field verifier_metadata.unit_tests has '
+                     f'{len(inputs)} inputs and {len(outputs)} outputs')
+    for name, vals in (('inputs', inputs), ('outputs', outputs)):
+      bad = [j for j, v in enumerate(vals) if not isinstance(v, str)]
+      if bad:
+        raise RowError(f'{where}: field verifier_metadata.unit_tests.{name}'
+                       f'[{bad[0]}] must be a string')
+    fields = dict(inputs=inputs, outputs=outputs)
+  else:
+    if not (isinstance(ids, list) and ids and
+            all(isinstance(i, str) for i in ids)):
+      raise RowError(f'{where}: field {ids_at!r} must be a non-empty list of '
+                     'strings')
+    kwargs, kwargs_at = _verifier_field(obj, 'kwargs')
+    kwargs = [{}] * len(ids) if kwargs is None else kwargs
+    if not isinstance(kwargs, list) or len(kwargs) != len(ids) or not all(
+        k is None or isinstance(k, dict) for k in kwargs):
+      raise RowError(f'{where}: field {kwargs_at!r} must be a list of '
+                     f'{len(ids)} objects (or nulls), one an instruction')
+    mode, mode_at = _verifier_field(obj, 'grading_mode')
+    if mode is not None and mode not in GRADING_MODES:
+      raise RowError(f'{where}: field {mode_at!r} is {mode!r}; one of '
+                     f'{GRADING_MODES}')
+    fields = dict(instruction_id_list=ids,
+                  kwargs=[k or {} for k in kwargs],
+                  grading_mode=mode or 'binary')
+  return Row(kind, messages, fields, obj, where)
+
+
+def response_text(row: Row) -> str:
+  """The answer text of a rollout row's `response` (Responses API output)."""
+  output = _get(row.raw, 'response.output', row.where, list)
+  texts = []
+  for j, item in enumerate(output):
+    if not isinstance(item, dict) or item.get('type') != 'message':
+      continue                        # reasoning, tool calls: not the answer
+    content = item.get('content')
+    if not isinstance(content, list):
+      raise RowError(f'{row.where}: field response.output[{j}].content must '
+                     'be a list')
+    texts += [_get(c, 'text', row.where, str) for c in content
+              if isinstance(c, dict) and c.get('type') == 'output_text']
+  return ''.join(texts)
+
+
+# --------------------------------------------------------------- verifying
+
+
+def math_reward(expected_answer: str, response: str) -> tuple[float, dict]:
+  """math-verify's verdict: the gold boxed, read as LaTeX; the response
+  (thoughts removed) read as LaTeX or a plain expression."""
+  # Imported here: math_verify loads sympy (seconds) and only math needs it.
+  from math_verify.metric import math_metric  # pylint: disable=g-import-not-at-top
+  from math_verify.parser import ExprExtractionConfig  # pylint: disable=g-import-not-at-top
+  from math_verify.parser import LatexExtractionConfig  # pylint: disable=g-import-not-at-top
+  metric = math_metric(
+      gold_extraction_target=(LatexExtractionConfig(),),
+      pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
+  gold = expected_answer.strip()
+  if not gold.startswith('\\boxed{'):
+    gold = '\\boxed{' + gold + '}'
+  try:
+    score, extracted = metric([gold], [_base.strip_think(response)])
+  except Exception as e:  # pylint: disable=broad-except
+    return 0.0, dict(error=f'{type(e).__name__}: {e}'[:300])
+  return float(score), dict(extracted=[str(x) for x in (extracted or ())])
+
+
+def last_fenced_block(text: str) -> str:
+  """LiveCodeBench's extraction: the lines between the last two lines that
+  hold a ``` fence; '' when there are fewer than two."""
+  lines = text.split('\n')
+  fences = [i for i, line in enumerate(lines) if '```' in line]
+  if len(fences) < 2:
+    return ''
+  return '\n'.join(lines[fences[-2] + 1:fences[-1]])
+
+
+def _stripped_lines(text: str) -> list[str]:
+  return [line.strip() for line in text.strip().split('\n')]
+
+
+def _is_float_token(token: str) -> bool:
+  return '.' in token or 'e' in token.lower()
+
+
+def _tokens_match(want: str, got: str) -> bool:
+  try:
+    a, b = decimal.Decimal(want), decimal.Decimal(got)
+  except decimal.InvalidOperation:
+    return False
+  if a == b:
+    return True
+  if not (_is_float_token(want) or _is_float_token(got)):
+    return False
+  if not (a.is_finite() and b.is_finite()):
+    return False
+  err, tol = abs(a - b), decimal.Decimal('1e-6')
+  return err <= tol or err / max(abs(a), decimal.Decimal(1)) <= tol
+
+
+def outputs_match(expected: str, got: str) -> tuple[bool, str]:
+  """LiveCodeBench's stdout comparison; (ok, why not)."""
+  want, have = _stripped_lines(expected), _stripped_lines(got)
+  if len(want) != len(have):
+    return False, (f'wrong answer: {len(have)} output lines, expected '
+                   f'{len(want)}')
+  for i, (w, h) in enumerate(zip(want, have)):
+    if w == h:
+      continue
+    wt, ht = w.split(), h.split()
+    if len(wt) != len(ht) or not all(_tokens_match(a, b)
+                                     for a, b in zip(wt, ht)):
+      return False, f'wrong answer at line {i}: {h[:100]!r} != {w[:100]!r}'
+  return True, ''
+
+
+def code_reward(inputs: Sequence[str], outputs: Sequence[str], response: str,
+                sandbox: Sandbox) -> tuple[float, dict]:
+  """1 when the program passes every test; else 0 and the first failure."""
+  program = last_fenced_block(_base.strip_think(response))
+  if not program.strip():
+    return 0.0, dict(error='no fenced code block in the response')
+  for i, (stdin, want) in enumerate(zip(inputs, outputs)):
+    res = sandbox.run_script(program, stdin)
+    if res.status == 'timeout':
+      why = f'time limit ({sandbox.limits.wall_seconds:g} s)'
+    elif res.returncode is not None and res.returncode < 0:
+      why = f'killed by signal {-res.returncode} (a CPU, memory or output limit)'
+    elif res.status != 'ok':
+      last = (res.stderr.strip().splitlines() or [''])[-1]
+      why = f'runtime error (exit {res.returncode}): {last[:200]}'
+    else:
+      ok, why = outputs_match(want, res.stdout)
+      if ok:
+        continue
+    return 0.0, dict(first_failure=i, error=why, tests=len(inputs))
+  return 1.0, dict(tests=len(inputs))
+
+
+def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
+                workers: int = 1, progress=None) -> list[dict]:
+  """Each rollout row as read, with `reward` and the verifier's details
+  (`verifier_details`), in order. Rows of a kind not verifiable here are
+  refused before any work, named."""
+  refused = [r for r in rows if r.kind == 'instruction_following']
+  if refused:
+    ids = sorted({i for r in refused for i in r.fields['instruction_id_list']})
+    raise RowError(
+        f'{refused[0].where} (and {len(refused) - 1} more rows): instruction '
+        'following is not verifiable here yet (no IFEval / IFBench / IF-RLVR '
+        f'registry wired in); ids: {ids[:12]}{" ..." if len(ids) > 12 else ""}')
+  texts = [response_text(r) for r in rows]      # every row checked first
+  sandbox = sandbox or (Sandbox(TEST_LIMITS, workers=workers)
+                        if any(r.kind == 'code' for r in rows) else None)
+
+  out: list[dict | None] = [None] * len(rows)
+  done = 0
+
+  def finish(i, reward, details):
+    nonlocal done
+    out[i] = dict(rows[i].raw, reward=reward, verifier_details=details)
+    done += 1
+    if progress:
+      progress(done, len(rows))
+
+  code = [i for i, r in enumerate(rows) if r.kind == 'code']
+  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    futures = {pool.submit(code_reward, rows[i].fields['inputs'],
+                           rows[i].fields['outputs'], texts[i], sandbox): i
+               for i in code}
+    # math-verify's time limits use SIGALRM: the main thread's, while the
+    # code rows run on the pool.
+    for i, r in enumerate(rows):
+      if r.kind == 'math':
+        finish(i, *math_reward(r.fields['expected_answer'], texts[i]))
+    for f in concurrent.futures.as_completed(futures):
+      finish(futures[f], *f.result())
+  return out

@@ -1,0 +1,85 @@
+"""Verifies NeMo-Gym rollout rows: each row back, in order, with its reward.
+
+  python -m experiments.verify --rows=rollouts.jsonl --out=verified.jsonl
+
+Rows are NeMo-Gym's (the public RL set's format plus the rollout's
+`response`, Responses API output); see cascade_jax/domains/nemo_gym.py for
+the fields each kind needs and how it is verified (math: math-verify alone;
+code: the sandbox, stdin / stdout tests as LiveCodeBench runs them).
+Every row is read and checked before any is verified: a malformed one stops
+the run naming its file, line and field, and nothing is written. The table
+at the end gives each kind's rows and mean reward with its standard error.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from cascade_jax.domains import nemo_gym
+from cascade_jax.sandbox import Sandbox
+
+_ROWS = flags.DEFINE_string('rows', None, 'NeMo-Gym rollout rows (JSONL).',
+                            required=True)
+_OUT = flags.DEFINE_string('out', None, 'Where to write the verified rows.',
+                           required=True)
+_WORKERS = flags.DEFINE_integer('workers', os.cpu_count() or 1,
+                                'Code rows verified at once.')
+_TEST_SECONDS = flags.DEFINE_float(
+    'test_seconds', nemo_gym.TEST_LIMITS.wall_seconds,
+    "A code test's wall-clock (and CPU) limit.")
+
+
+def summary(rows: list[dict], kinds: list[str]) -> str:
+  """Per kind: rows, mean reward and its standard error, as a table."""
+  lines = [f"{'kind':<24}{'rows':>6}{'reward':>10}{'se':>8}"]
+  for kind in sorted(set(kinds)):
+    r = [row['reward'] for row, k in zip(rows, kinds) if k == kind]
+    mean = sum(r) / len(r)
+    se = (math.sqrt(sum((x - mean) ** 2 for x in r) / (len(r) - 1) / len(r))
+          if len(r) > 1 else float('nan'))
+    lines.append(f'{kind:<24}{len(r):>6}{mean:>10.3f}{se:>8.3f}')
+  return '\n'.join(lines)
+
+
+def verify_file(rows_path: str, out_path: str, *, workers: int = 1,
+                test_seconds: float = nemo_gym.TEST_LIMITS.wall_seconds
+                ) -> list[dict]:
+  rows = nemo_gym.read_rows(rows_path)
+  limits = dataclasses.replace(nemo_gym.TEST_LIMITS, wall_seconds=test_seconds,
+                               cpu_seconds=max(1, math.ceil(test_seconds)))
+  sandbox = (Sandbox(limits, workers=workers)
+             if any(r.kind == 'code' for r in rows) else None)
+  t0, last = time.time(), [0.0]
+
+  def progress(done, total):
+    if done == total or time.time() - last[0] > 10:
+      last[0] = time.time()
+      logging.info('[verify] %d / %d rows (%.0f s)', done, total,
+                   time.time() - t0)
+
+  out = nemo_gym.verify_rows(rows, sandbox=sandbox, workers=workers,
+                             progress=progress)
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  tmp = out_path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    for row in out:
+      f.write(json.dumps(row, ensure_ascii=False) + '\n')
+  os.replace(tmp, out_path)
+  print(summary(out, [r.kind for r in rows]))
+  return out
+
+
+def main(argv):
+  del argv
+  verify_file(_ROWS.value, _OUT.value, workers=_WORKERS.value,
+              test_seconds=_TEST_SECONDS.value)
+
+
+if __name__ == '__main__':
+  app.run(main)

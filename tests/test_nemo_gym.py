@@ -1,0 +1,168 @@
+"""NeMo-Gym rows: read and checked (errors name file, line, field), verified as the reference verifiers do."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cascade_jax.domains import nemo_gym
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DATA = os.path.join(_ROOT, 'tests', 'data', 'nemo_gym')
+ROLLOUTS = os.path.join(_DATA, 'rollouts.jsonl')
+IF_ROWS = os.path.join(_DATA, 'instruction_following.jsonl')
+
+# The fixture's rows in order (tests/data/nemo_gym/rollouts.jsonl): math with
+# equivalent forms (0.75 for 3/4, an interval, a set in another order, a
+# radical), a wrong product, a plain unboxed answer, a wrong fraction; code:
+# right, right in the last of two blocks, wrong on the third test, a time
+# limit, a runtime error, no fenced block, a float within 1e-6.
+WANT = [1, 1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0, 0, 1]
+
+
+def _verify(rows, out, *extra):
+  return subprocess.run(
+      [sys.executable, '-m', 'experiments.verify', f'--rows={rows}',
+       f'--out={out}', '--test_seconds=1', '--workers=2', *extra],
+      cwd=_ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_verify_writes_every_row_back_in_order_with_its_reward(tmp_path):
+  out = tmp_path / 'verified.jsonl'
+  res = _verify(ROLLOUTS, out)
+  assert res.returncode == 0, res.stderr[-3000:]
+  got = [json.loads(line) for line in open(out)]
+  rows = [json.loads(line) for line in open(ROLLOUTS)]
+  assert [g['reward'] for g in got] == WANT
+  for g, r in zip(got, rows):       # everything else as it was read
+    assert {k: v for k, v in g.items()
+            if k not in ('reward', 'verifier_details')} == r
+  code = [g['verifier_details'] for g in got[7:]]
+  assert code[2] == dict(first_failure=2, tests=3,
+                         error="wrong answer at line 0: '0' != '2'")
+  assert code[3]['first_failure'] == 0 and 'time limit' in code[3]['error']
+  assert 'ValueError: boom' in code[4]['error']
+  assert code[5]['error'] == 'no fenced code block in the response'
+  # The table: each kind's rows and mean reward.
+  assert 'code                         7     0.429' in res.stdout, res.stdout
+  assert 'math                         7     0.714' in res.stdout, res.stdout
+
+
+def _bad_file(tmp_path, rows):
+  path = tmp_path / 'bad.jsonl'
+  path.write_text(''.join((r if isinstance(r, str) else json.dumps(r)) + '\n'
+                          for r in rows))
+  return str(path)
+
+
+def _math(**over):
+  row = {'responses_create_params': {'input': [
+      {'role': 'user', 'content': 'What is 2 + 2?'}]}, 'expected_answer': '4'}
+  row.update(over)
+  return row
+
+
+@pytest.mark.parametrize('row, says', [
+    ('{"responses_create_params": ', 'not JSON'),
+    ('[1, 2]', 'a row is a JSON object'),
+    ({'expected_answer': '4'},
+     "missing field 'responses_create_params.input'"),
+    (_math(responses_create_params={'input': []}),
+     'responses_create_params.input is empty'),
+    (_math(responses_create_params={'input': [{'role': 'user', 'content': [
+        {'type': 'input_image', 'image_url': 'x'}]}]}),
+     "responses_create_params.input[0].content[0] is a 'input_image' part"),
+    (_math(responses_create_params={'input': [{'role': 'tool',
+                                                'content': 'x'}]}),
+     "responses_create_params.input[0].role is 'tool'"),
+    (_math(responses_create_params={'input': 'hi', 'tools': [{'name': 'f'}]}),
+     'responses_create_params.tools names 1 tools'),
+    (_math(expected_answer=None), 'no verifier fields'),
+    (_math(expected_answer=['4']), "field 'expected_answer' must be a string"),
+    (_math(instruction_id_list=['punctuation:no_comma']),
+     'fields of several kinds'),
+    ({'responses_create_params': {'input': 'x'}, 'verifier_metadata': {
+        'unit_tests': {'inputs': ['1'], 'outputs': []}}},
+     'unit_tests has 1 inputs and 0 outputs'),
+    ({'responses_create_params': {'input': 'x'}, 'verifier_metadata': {
+        'unit_tests': {'inputs': [1], 'outputs': ['1']}}},
+     'unit_tests.inputs[0] must be a string'),
+    ({'responses_create_params': {'input': 'x'}, 'verifier_metadata': {
+        'instruction_id_list': ['a:b', 'c:d'], 'kwargs': [{}]}},
+     "'verifier_metadata.kwargs' must be a list of 2 objects"),
+    ({'responses_create_params': {'input': 'x'}, 'instruction_id_list':
+      ['a:b'], 'grading_mode': 'partial'},
+     "'grading_mode' is 'partial'"),
+])
+def test_a_malformed_row_names_its_file_line_and_field(tmp_path, row, says):
+  path = _bad_file(tmp_path, [_math(), row])
+  with pytest.raises(nemo_gym.RowError) as e:
+    nemo_gym.read_rows(path)
+  assert str(e.value).startswith(f'{path}:2: '), e.value
+  assert says in str(e.value), e.value
+
+
+def test_a_bad_row_stops_verify_before_anything_is_written(tmp_path):
+  row = _math(response={'output': [{'type': 'message', 'content': 'x'}]})
+  path = _bad_file(tmp_path, [row])
+  out = tmp_path / 'out.jsonl'
+  res = _verify(path, out)
+  assert res.returncode != 0
+  assert f'{path}:1: field response.output[0].content must be a list' in (
+      res.stderr), res.stderr[-2000:]
+  assert not out.exists()
+  res = _verify(_bad_file(tmp_path, [_math()]), out)     # no response at all
+  assert "missing field 'response.output'" in res.stderr
+  assert not out.exists()
+
+
+def test_instruction_following_rows_in_both_layouts():
+  rows = nemo_gym.read_rows(IF_ROWS)
+  assert [r.kind for r in rows] == ['instruction_following'] * 2
+  assert rows[0].fields == dict(
+      instruction_id_list=['length_constraints:number_words',
+                           'punctuation:no_comma'],
+      kwargs=[{'num_words': 50, 'relation': 'less than'}, {}],
+      grading_mode='fraction')
+  # The older layout: the fields at the top level; binary by default.
+  assert rows[1].fields['grading_mode'] == 'binary'
+  assert rows[1].messages == [{'role': 'user',
+                               'content': 'Reply in lowercase only.'}]
+  with pytest.raises(nemo_gym.RowError, match=r'instruction_following.jsonl:1 '
+                     r'\(and 1 more rows\): instruction following is not '
+                     r"verifiable here yet .*'change_case:english_lowercase'"):
+    nemo_gym.verify_rows(rows)
+
+
+def test_response_text_reads_output_text_and_skips_reasoning():
+  row = nemo_gym.parse_row(_math(response={'output': [
+      {'type': 'reasoning', 'summary': [{'type': 'summary_text',
+                                         'text': '\\boxed{5}'}]},
+      {'type': 'message', 'content': [
+          {'type': 'output_text', 'text': 'It is '},
+          {'type': 'refusal', 'refusal': 'no'},
+          {'type': 'output_text', 'text': '\\boxed{4}'}]}]}), 'x:1')
+  assert nemo_gym.response_text(row) == 'It is \\boxed{4}'
+  (got,) = nemo_gym.verify_rows([row])
+  assert got['reward'] == 1.0
+
+
+@pytest.mark.parametrize('want, got, ok', [
+    ('6\n', '6', True),                        # trailing whitespace
+    ('1 2\n3\n', '  1 2  \n3', True),          # each line stripped
+    ('1 2\n3\n', '1 2 3', False),              # line count
+    ('1.666667', '1.6666666666666667', True),  # floats within 1e-6
+    ('1.67', '1.6666666666666667', False),
+    ('100000000000000000', '100000000000000001', False),  # integers exactly
+    ('YES', 'yes', False),
+    ('1e-3', '0.001', True),
+])
+def test_outputs_match_as_livecodebench(want, got, ok):
+  assert nemo_gym.outputs_match(want, got)[0] is ok
+
+
+def test_last_fenced_block():
+  assert nemo_gym.last_fenced_block('```python\na\n```\nx\n```\nb\n```') == 'b'
+  assert nemo_gym.last_fenced_block('no code') == ''
