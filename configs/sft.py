@@ -10,7 +10,10 @@ Launch (about 4 minutes on 2 CPU cores, greedy evaluation included):
 Killing the run and starting the same command again resumes it from its
 last checkpoint, data position included. Point a source at your own data
 with e.g. --config.data.sources.math.jsonl=/data/math.jsonl (see
-docs/DATA.md for the record format).
+docs/DATA.md for the record format), or add chat-messages files (the
+public SFT set's format) with
+--config.data.chat_files=/data/math.parquet=2,/data/chat.jsonl=1
+(--config.data.generated_sources=False to train on them alone).
 """
 
 import ml_collections
@@ -92,6 +95,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # 320: swe_agent's level-2 episodes run up to 283 tokens.
       seq_len=320, batch_size=16, loss_on='assistant', too_long='error',
       empty_response='error',
+      # Chat-messages files (the public SFT set's schema, JSONL or Parquet),
+      # 'PATH=WEIGHT,PATH=WEIGHT': each a source named after its file,
+      # mixed by weight with the generated sources (or alone, with
+      # generated_sources=False). See cascade_jax/data/_chat_rows.py.
+      chat_files='', generated_sources=True,
       sources=ml_collections.ConfigDict({
           name: dict(weight=w, n=4000, levels=levels, options=options)
           for name, (w, levels, options) in SOURCES.items()})))

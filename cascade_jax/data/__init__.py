@@ -1,6 +1,8 @@
 """Tokenizer, chat template and the Grain SFT pipeline with packing."""
 
 from cascade_jax.data._chat import encode_conversation
+from cascade_jax.data._chat_rows import ChatRowError
+from cascade_jax.data._chat_rows import load_chat_rows
 from cascade_jax.data._chat import encode_example
 from cascade_jax.data._chat import encode_observation
 from cascade_jax.data._chat import encode_prompt

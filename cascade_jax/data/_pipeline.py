@@ -4,6 +4,7 @@ Sources are a mapping name -> spec, e.g.
 
   math=dict(weight=2.0, n=4000, levels=(1, 2, 3))        # generated domain
   mine=dict(weight=1.0, jsonl='/data/math.jsonl')         # user records
+  sft=dict(weight=3.0, chat='/data/sft/math.parquet')     # chat-messages rows
 
 A generated source is named after its domain (or gives `domain=`). Each
 source is tokenised with the chat template, shuffled, repeated and mixed by
@@ -25,11 +26,12 @@ import numpy as np
 from cascade_jax import domains
 from cascade_jax.data._chat import encode_conversation
 from cascade_jax.data._chat import encode_example
+from cascade_jax.data._chat_rows import load_chat_rows
 from cascade_jax.data._tokenizer import Tokenizer
 
 _FIELDS = ('inputs', 'targets', 'mask')
-_SOURCE_KEYS = {'weight', 'n', 'levels', 'domain', 'jsonl', 'on_error',
-                'options'}
+_SOURCE_KEYS = {'weight', 'n', 'levels', 'domain', 'jsonl', 'chat',
+                'on_error', 'options'}
 
 
 @dataclasses.dataclass
@@ -48,6 +50,13 @@ def source_records(name: str, spec: Mapping, *, seed: int, split: str = 'train')
   if unknown:
     raise ValueError(f'data source {name!r}: unknown keys {sorted(unknown)}; '
                      f'known: {sorted(_SOURCE_KEYS)}')
+  if 'jsonl' in spec and 'chat' in spec:
+    raise ValueError(f'data source {name!r}: one of jsonl= (records) and '
+                     'chat= (chat-messages rows), not both')
+  if 'chat' in spec:   # the public SFT set's schema, JSONL or Parquet
+    recs, skipped = load_chat_rows(spec['chat'],
+                                   on_error=spec.get('on_error', 'raise'))
+    return recs, len(skipped)
   if 'jsonl' in spec:
     recs, report = domains.load_jsonl(spec['jsonl'], domain=spec.get('domain'),
                                       on_error=spec.get('on_error', 'raise'))

@@ -90,14 +90,40 @@ def train_step(state: train.TrainState, batch, *, graph, opt, accum: int,
 # ------------------------------------------------------------------ setup
 
 
+def sources(config) -> dict[str, dict]:
+  """The SFT mix: the configured sources (unless data.generated_sources is
+  off) and each of data.chat_files ('PATH=WEIGHT,...'), named after its
+  file."""
+  out = ({k: v.to_dict() for k, v in config.data.sources.items()}
+         if config.data.get('generated_sources', True) else {})
+  for item in filter(None, (s.strip() for s in
+                            config.data.get('chat_files', '').split(','))):
+    path, _, weight = item.rpartition('=')
+    if not path:
+      path, weight = weight, '1'
+    try:
+      w = float(weight)
+    except ValueError:
+      raise ValueError(f'data.chat_files: {item!r} is not PATH=WEIGHT') from None
+    name = os.path.splitext(os.path.basename(path))[0]
+    if name in out:
+      raise ValueError(f'data.chat_files: a source named {name!r} (from '
+                       f'{path}) exists already')
+    out[name] = dict(weight=w, chat=path)
+  if not out:
+    raise ValueError('no SFT data: data.generated_sources is off and '
+                     'data.chat_files is empty')
+  return out
+
+
 def tokenizer_for(config, workdir: str, vocab_size: int) -> data.Tokenizer:
   """The configured .model file, or one trained on the sources (cached)."""
   path = config.tokenizer.path or os.path.join(workdir, 'tokenizer.model')
   texts = None
   if not os.path.exists(path):
     texts = []
-    for name, spec in sorted(config.data.sources.items()):
-      recs, _ = data.source_records(name, spec.to_dict(), seed=config.seed)
+    for name, spec in sorted(sources(config).items()):
+      recs, _ = data.source_records(name, spec, seed=config.seed)
       for r in recs[:config.tokenizer.corpus_per_source]:
         texts += [m['content'] for m in r['messages'] + r.get('turns', [])]
         texts.append(r.get('response', ''))
@@ -109,9 +135,8 @@ def tokenizer_for(config, workdir: str, vocab_size: int) -> data.Tokenizer:
 def eval_sets(config) -> dict[str, list[dict]]:
   """Each generated source's domain: its eval split (never trained on)."""
   sets = {}
-  for name, spec in sorted(config.data.sources.items()):
-    spec = spec.to_dict()
-    if 'jsonl' in spec or not config.eval_n:
+  for name, spec in sorted(sources(config).items()):
+    if 'jsonl' in spec or 'chat' in spec or not config.eval_n:
       continue
     dom = spec.get('domain', name)
     sets[dom] = domains.generate(
@@ -144,7 +169,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   graph, state = setup.init_state(model, opt)
 
   ds, reports = data.build_dataset(
-      tok, {k: v.to_dict() for k, v in config.data.sources.items()},
+      tok, sources(config),
       seq_len=config.data.seq_len, batch_size=config.data.batch_size,
       seed=config.seed, loss_on=config.data.loss_on,
       too_long=config.data.too_long,
