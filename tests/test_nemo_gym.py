@@ -120,20 +120,49 @@ def test_a_bad_row_stops_verify_before_anything_is_written(tmp_path):
 
 def test_instruction_following_rows_in_both_layouts():
   rows = nemo_gym.read_rows(IF_ROWS)
-  assert [r.kind for r in rows] == ['instruction_following'] * 2
+  assert [r.kind for r in rows] == ['instruction_following'] * 4
   assert rows[0].fields == dict(
       instruction_id_list=['length_constraints:number_words',
                            'punctuation:no_comma'],
       kwargs=[{'num_words': 50, 'relation': 'less than'}, {}],
-      grading_mode='fraction')
+      grading_mode='fraction', prompt=rows[0].raw['verifier_metadata'][
+          'prompt'])
   # The older layout: the fields at the top level; binary by default.
   assert rows[1].fields['grading_mode'] == 'binary'
   assert rows[1].messages == [{'role': 'user',
                                'content': 'Reply in lowercase only.'}]
-  with pytest.raises(nemo_gym.RowError, match=r'instruction_following.jsonl:1 '
-                     r'\(and 1 more rows\): instruction following is not '
-                     r"verifiable here yet .*'change_case:english_lowercase'"):
-    nemo_gym.verify_rows(rows)
+  # No prompt field: the last user message.
+  assert rows[3].fields['prompt'] == rows[3].messages[-1]['content']
+
+
+def test_instruction_following_is_verified_per_instruction(tmp_path):
+  out = tmp_path / 'verified.jsonl'
+  res = _verify(IF_ROWS, out)
+  assert res.returncode == 0, res.stderr[-3000:]
+  got = [json.loads(line) for line in open(out)]
+  # 1: under 50 words but with a comma, graded by fraction; 2: lowercase
+  # once the thought is removed; 3: not lowercase; 4: two sentences ending
+  # with "tea." (IFEval's number_sentences, on the untrained-Punkt fallback
+  # where nltk's punkt data is not installed).
+  assert [g['reward'] for g in got] == [0.5, 1.0, 0.0, 1.0]
+  assert got[0]['follow_instruction_list'] == [True, False]
+  assert got[0]['follow_all_instructions'] is False
+  assert got[1]['follow_instruction_list'] == [True]
+  assert 'instruction_following        4     0.625' in res.stdout, res.stdout
+
+
+def test_instruction_ids_that_cannot_be_checked_are_refused_by_name(
+    tmp_path):
+  row = json.loads(open(IF_ROWS).readline())
+  row['verifier_metadata']['instruction_id_list'][1] = (
+      'count:lowercase_counting')           # an IF-RLVR training id
+  path = _bad_file(tmp_path, [json.loads(open(IF_ROWS).readline()), row])
+  out = tmp_path / 'out.jsonl'
+  res = _verify(path, out)
+  assert res.returncode != 0 and not out.exists()
+  assert (f"{path}:2 (and 0 more rows): instructions that cannot be checked "
+          "here: {'count:lowercase_counting': 'not in the IFEval or IFBench "
+          "registry'}") in res.stderr, res.stderr[-2000:]
 
 
 def test_response_text_reads_output_text_and_skips_reasoning():

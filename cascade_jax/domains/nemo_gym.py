@@ -28,9 +28,14 @@ Verification follows the reference implementations:
   that differs passes if its tokens are numbers that agree, floats within
   1e-6 absolute or relative, integers exactly); the first failing test is
   reported (wrong answer, time limit, runtime error).
-- instruction following: not verifiable here yet (the IFEval / IFBench
-  registries and the IF-RLVR ids are issue 32's next step): such rows are
-  read and checked, and verifying them is refused with the ids named.
+- instruction following: the IFEval and IFBench checkers (the if-verifiable
+  package's registries; `_if_registry` says which run on a fallback for
+  nltk data that is not installed, and which cannot run), strict mode, one
+  verdict an instruction (`follow_instruction_list`, as NeMo-Gym writes
+  it); the reward is the share met with grading_mode 'fraction', else 1
+  only when all are met. Rows with ids outside those registries (the
+  IF-RLVR training ids, e.g. `count:lowercase_counting`) are refused, named,
+  before any work.
 
 Any malformed row is an error naming the file, the line and the field.
 """
@@ -46,6 +51,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cascade_jax.domains import _base
+from cascade_jax.domains import _if_registry
 from cascade_jax.sandbox import Limits
 from cascade_jax.sandbox import Sandbox
 
@@ -208,9 +214,13 @@ def parse_row(obj: Any, where: str) -> Row:
     if mode is not None and mode not in GRADING_MODES:
       raise RowError(f'{where}: field {mode_at!r} is {mode!r}; one of '
                      f'{GRADING_MODES}')
+    prompt, _ = _verifier_field(obj, 'prompt')
+    if prompt is None:
+      prompt = next((m['content'] for m in reversed(messages)
+                     if m['role'] == 'user'), '')
     fields = dict(instruction_id_list=ids,
                   kwargs=[k or {} for k in kwargs],
-                  grading_mode=mode or 'binary')
+                  grading_mode=mode or 'binary', prompt=str(prompt))
   return Row(kind, messages, fields, obj, where)
 
 
@@ -251,6 +261,23 @@ def math_reward(expected_answer: str, response: str) -> tuple[float, dict]:
   except Exception as e:  # pylint: disable=broad-except
     return 0.0, dict(error=f'{type(e).__name__}: {e}'[:300])
   return float(score), dict(extracted=[str(x) for x in (extracted or ())])
+
+
+def if_reward(fields: dict, response: str) -> tuple[float, dict, dict]:
+  """(reward, details, NeMo-Gym's per-instruction fields) of an
+  instruction-following row."""
+  ids = fields['instruction_id_list']
+  ok = _if_registry.follows(ids, fields['kwargs'], fields['prompt'],
+                            _base.strip_think(response))
+  reward = (sum(ok) / len(ok) if fields['grading_mode'] == 'fraction'
+            else float(all(ok)))
+  details = dict(grading_mode=fields['grading_mode'])
+  differs = {i: _if_registry.DIFFERS[i] for i in ids
+             if i in _if_registry.DIFFERS}
+  if differs:
+    details['differs_from_reference'] = differs
+  return reward, details, dict(follow_instruction_list=ok,
+                               follow_all_instructions=all(ok))
 
 
 def last_fenced_block(text: str) -> str:
@@ -330,13 +357,15 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
   """Each rollout row as read, with `reward` and the verifier's details
   (`verifier_details`), in order. Rows of a kind not verifiable here are
   refused before any work, named."""
-  refused = [r for r in rows if r.kind == 'instruction_following']
+  refused = [(r, bad) for r in rows if r.kind == 'instruction_following'
+             and (bad := _if_registry.unknown_ids(
+                 r.fields['instruction_id_list']))]
   if refused:
-    ids = sorted({i for r in refused for i in r.fields['instruction_id_list']})
+    ids = {i: why for _, bad in refused for i, why in bad.items()}
     raise RowError(
-        f'{refused[0].where} (and {len(refused) - 1} more rows): instruction '
-        'following is not verifiable here yet (no IFEval / IFBench / IF-RLVR '
-        f'registry wired in); ids: {ids[:12]}{" ..." if len(ids) > 12 else ""}')
+        f'{refused[0][0].where} (and {len(refused) - 1} more rows): '
+        f'instructions that cannot be checked here: '
+        f'{dict(sorted(ids.items())[:12])}{" ..." if len(ids) > 12 else ""}')
   texts = [response_text(r) for r in rows]      # every row checked first
   sandbox = sandbox or (Sandbox(TEST_LIMITS, workers=workers)
                         if any(r.kind == 'code' for r in rows) else None)
@@ -344,9 +373,10 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
   out: list[dict | None] = [None] * len(rows)
   done = 0
 
-  def finish(i, reward, details):
+  def finish(i, reward, details, extra=None):
     nonlocal done
-    out[i] = dict(rows[i].raw, reward=reward, verifier_details=details)
+    out[i] = dict(rows[i].raw, reward=reward, **(extra or {}),
+                  verifier_details=details)
     done += 1
     if progress:
       progress(done, len(rows))
@@ -361,6 +391,8 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
     for i, r in enumerate(rows):
       if r.kind == 'math':
         finish(i, *math_reward(r.fields['expected_answer'], texts[i]))
+      elif r.kind == 'instruction_following':
+        finish(i, *if_reward(r.fields, texts[i]))
     for f in concurrent.futures.as_completed(futures):
       finish(futures[f], *f.result())
   return out
