@@ -409,12 +409,15 @@ def _assert_same_cascade(want_dir, got_dir, want_recs, got_recs, atol,
       # A stage's first batch is sampled from weights within float noise of
       # each other: its loss agrees to 1e-4. Later batches come after an
       # update, where that noise can flip a sampled token without changing
-      # the rewards or lengths: measured 2026-12-02, MOPD's second loss
-      # 0.020207 (one device) against 0.020379 (data 2 x expert 4) after a
-      # one-ulp change in SFT's gradient norm, the same 101 tokens.
-      np.testing.assert_allclose(b['loss'], a['loss'],
-                                 **(dict(atol=1e-4) if i == 0 else
-                                    dict(rtol=2e-2, atol=1e-4)))
+      # the rewards or lengths: MOPD's second loss (101 tokens both ways)
+      # measured 0.020207 (one device) against 0.020379 (data 2 x expert 4)
+      # on 2026-12-02, after a one-ulp change in SFT's gradient norm, and
+      # 0.004964 against 0.005172 (fsdp 2 x tensor 2 x expert 2) on
+      # 2026-12-03: 1.7e-4 and 2.1e-4 apart. The weights above are the
+      # check; a later loss only has to agree to 1e-3.
+      np.testing.assert_allclose(
+          b['loss'], a['loss'], err_msg=f'{name} batch {i}',
+          **(dict(atol=1e-4) if i == 0 else dict(rtol=2e-2, atol=1e-3)))
 
 
 @pytest.fixture(scope='module')
@@ -434,7 +437,16 @@ def mesh_cascades(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('heavy')
-def test_quick_cascade_on_two_meshes_equals_one_device(mesh_cascades):
+def test_quick_cascade_on_two_meshes_and_two_processes_equals_one_device(
+    mesh_cascades, tmp_path):
+  # One test, not two: the cascades are shared, and pytest-xdist's
+  # xdist_group does not keep two tests on one worker here (xdist 3.8 with
+  # pytest 9: checked on a file of 4 tests), which would run them twice.
+  _check_meshes_equal_one_device(mesh_cascades)
+  _check_two_processes_resume_after_a_kill(mesh_cascades, tmp_path)
+
+
+def _check_meshes_equal_one_device(mesh_cascades):
   # Tolerance, every weight after SFT (30 AdamW steps), IF-RL and MOPD:
   # 1e-4 relative in norm per tensor, 1e-3 for any one weight (measured:
   # 7e-6 max on data 2 x expert 4; 1.1e-4 for one MOPD weight of 32,768
@@ -490,10 +502,7 @@ def _launch(workdir, i, port, log):
                           stderr=subprocess.STDOUT)
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group('heavy')
-def test_two_processes_run_the_cascade_resume_after_a_kill(tmp_path,
-                                                          mesh_cascades):
+def _check_two_processes_resume_after_a_kill(mesh_cascades, tmp_path):
   # 2 processes x 4 CPU devices = one data 2 x expert 4 mesh. Process 1 is
   # killed mid IF-RL (after its step-1 checkpoint); both are restarted and
   # the run ends where one process on the same mesh ends.
