@@ -9,8 +9,31 @@ if '--xla_force_host_platform_device_count' not in flags:
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import gc
+import shutil
+import tempfile
 
 import pytest
+
+# One persistent XLA compilation cache for the whole test run, fresh each
+# run (a laptop and CI start equally cold): the xdist workers and the
+# launchers the tests start (experiments.*) share it, so a program compiled
+# by one test file is loaded by the next (the quick configs recur across
+# files). Set before the workers start, which inherit it;
+# CASCADE_JAX_TEST_XLA_CACHE=0 runs without it.
+_MADE_CACHE = None
+if os.environ.get('CASCADE_JAX_TEST_XLA_CACHE', '1') != '0':
+  if 'CASCADE_JAX_XLA_CACHE' not in os.environ:
+    _MADE_CACHE = tempfile.mkdtemp(prefix='cascade_jax_test_xla_')
+    os.environ['CASCADE_JAX_XLA_CACHE'] = _MADE_CACHE
+  from cascade_jax import utils  # pylint: disable=g-import-not-at-top
+  utils.enable_compilation_cache()
+
+
+def pytest_unconfigure(config):
+  # The process that made the cache (pytest itself, not an xdist worker,
+  # which inherits it) removes it.
+  if _MADE_CACHE and not hasattr(config, 'workerinput'):
+    shutil.rmtree(_MADE_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope='module')
