@@ -2,19 +2,21 @@
 
   python -m experiments.status            # print the section
   python -m experiments.status --write    # put it into README.md
-  python -m experiments.status --check    # exit 1 if README.md differs
+  python -m experiments.status --check    # exit 1 if README.md differs, or
+                                          # a rule came after its results
 
-Each row is one of the paper's claims, what the committed results show at
-CPU scale (numbers read from the JSON files, verdicts computed from them:
-a change counts when it is beyond two paired standard errors), the files
-and the command that reproduces them. tests/test_experiments.py runs
---check, so a README number without its file fails the suite.
+Each row is one of the paper's claims (a rule file in docs/claims/: the
+claim, its metric, comparison, threshold and seeds, the verdict function
+of experiments/claims.py, the result files and their command), what the
+committed results show at CPU scale (numbers read from the JSON files, the
+verdict computed from them by the rule), and whether the rule was written
+after its results (post hoc). tests/test_experiments.py runs --check, so a
+README number without its file, or a rule changed after its results, fails
+the suite.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import glob
 import json
 import os
 import sys
@@ -22,8 +24,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from experiments import claims
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = 'docs/results/claims_2026-12-02'
 BEGIN = '<!-- status:begin (python -m experiments.status --write) -->'
 END = '<!-- status:end -->'
 NAMES = {'bradley_terry': 'Bradley-Terry', 'generative_judge': 'judge'}
@@ -36,11 +39,6 @@ def _load(rel: str) -> dict:
     return json.load(f)
 
 
-def _glob(pattern: str) -> list[str]:
-  return sorted(os.path.relpath(p, ROOT)
-                for p in glob.glob(os.path.join(ROOT, pattern)))
-
-
 def _se_change(a: dict, b: dict) -> float:
   """Paired standard error of b - a over the prompts both scored."""
   pa, pb = a.get('prompt_pass') or {}, b.get('prompt_pass') or {}
@@ -51,43 +49,54 @@ def _se_change(a: dict, b: dict) -> float:
   return float(np.hypot(a.get('pass_se', np.nan), b.get('pass_se', np.nan)))
 
 
-def _sig(change: float, se: float) -> str:
-  return 'beyond' if abs(change) > 2 * se else 'within'
-
-
 def _row(rerun: dict, domain: str) -> dict:
   return next(r for r in rerun['rows'] if r['domain'] == domain)
 
 
-@dataclasses.dataclass
-class Claim:
-  paper: str
-  files: str                       # a path or glob under the repository
-  command: str
-  measure: Callable[[list[str]], tuple[str, str]]   # files -> (text, verdict)
+# ------------------------------------------------------------- measures
+# Each reads a claim's result files: (the row's text, the numbers its
+# rule's verdict function takes; see experiments/claims.py).
 
-
-# --------------------------------------------------------------- claims
-
-def _main_job(files):
-  rep = _load(files[0])
+def _stage_changes(rep: dict, own: bool) -> list[dict]:
+  """Each RL stage's change from the stage it starts from, in its own
+  domains (own) or in every other domain, in the stages' order."""
   by = {s['name']: s for s in rep['stages']}
-  parts, lifted, n = [], 0, 0
+  out = []
   for s in rep['stages']:
     if s['kind'] not in ('grpo', 'mopd') or not s.get('scores'):
       continue
     start = by[s['init_from']]
-    for d in s['domains']:
+    domains = (list(s['domains']) if own else
+               sorted(set(s['scores']) - set(s['domains'])))
+    for d in domains:
+      if d not in start.get('scores', {}):
+        continue
       a, b = start['scores'][d], s['scores'][d]
-      ch, se = b['pass_rate'] - a['pass_rate'], _se_change(a, b)
-      n += 1
-      lifted += ch > 2 * se
-      parts.append(f"{s['name']} {SHORT.get(d, d)} {ch:+.3f}")
+      out.append(dict(stage=s['name'], domain=d,
+                      change=b['pass_rate'] - a['pass_rate'],
+                      se=_se_change(a, b)))
+  return out
+
+
+def _short(c: dict) -> str:
+  return f"{c['stage']} {SHORT.get(c['domain'], c['domain'])} {c['change']:+.3f}"
+
+
+def _main_job(files):
+  rep = _load(files[0])
+  changes = _stage_changes(rep, own=True)
+  up = [c['change'] > 2 * c['se'] for c in changes]
+  drops = [c for c in _stage_changes(rep, own=False)
+           if c['change'] < -2 * c['se']]
   meta = rep.get('meta', {})
-  text = (f'{lifted} of {n} own-domain changes up beyond 2 paired SE: '
-          + ', '.join(parts) + f" ({meta.get('wall_s', float('nan')):.0f} s, "
+  text = (f'{sum(up)} of {len(changes)} own-domain changes up beyond 2 '
+          'paired SE: ' + ', '.join(_short(c) + ('' if u else ' (**miss**)')
+                                    for c, u in zip(changes, up))
+          + f'; other domains down beyond 2 paired SE: {len(drops)} ('
+          + ', '.join(_short(c) for c in drops)
+          + f") ({meta.get('wall_s', float('nan')):.0f} s, "
           f"{meta.get('machine', '?')})")
-  return text, 'holds' if lifted == n else f'{lifted}/{n}'
+  return text, dict(changes=changes)
 
 
 def _math(files):
@@ -98,9 +107,6 @@ def _math(files):
                   if f.endswith('sft_math_weight.json')), {})
   rows = [_row(r, 'math') for r in reruns]
   ch = [r['change'] for r in rows]
-  beyond = sum(abs(r['change']) > 2 * r['se'] and r['change'] > 0
-               for r in rows)
-  in_band = 0.3 <= sft['pass_rate'] <= 0.6
   text = (f"SFT math {sft['pass_rate']:.3f} ± {sft['pass_se']:.3f}; GRPO on "
           f"math (`math_rl`, 30 steps from SFT, {len(rows)} seeds): "
           + ', '.join(f"{r['before']:.3f} -> {r['after']:.3f} ({r['change']:+.3f}"
@@ -108,8 +114,9 @@ def _math(files):
           + (f'; mean {np.mean(ch):+.3f}' if ch else '')
           + ''.join(f"; SFT at math {w}: {v['pass_at_1_t1']:.3f}"
                     for w, v in weights.items()))
-  ok = in_band and rows and beyond == len(rows)
-  return text, 'holds' if ok else 'partly' if beyond or in_band else 'no'
+  return text, dict(start=sft['pass_rate'],
+                    changes=[dict(change=r['change'], se=r['se'])
+                             for r in rows])
 
 
 def _mopd(files):
@@ -124,21 +131,16 @@ def _mopd(files):
           f"{r['config']['base']['steps']} steps)")
   gap = (r.get('steps_to_gap') or {}).get('90pct_gap')
   if gap:
-    text += ("; steps to close 90% of the gap: MOPD "
-             + ' '.join('-' if x is None else str(x)
-                        for x in gap['mopd']['per_seed'])
+    text += ('; steps to close 90% of the gap (a later rule, not applied): '
+             'MOPD ' + ' '.join('-' if x is None else str(x)
+                                for x in gap['mopd']['per_seed'])
              + ', GRPO ' + ' '.join('-' if x is None else str(x)
-                                    for x in gap['grpo']['per_seed'])
-             + f" (ratio of means {ratio.get('90pct_gap') or float('nan'):.2f})")
-  for arm in r['steps_to_teacher']:
-    if arm not in ('grpo', 'mopd'):
-      text += f"; {arm}: {arm_text(r, arm)}"
-  faster = gap is not None and (ratio.get('90pct_gap') or 9) < 1
-  if not faster:
-    return text, 'no'
-  if r['end']['grpo']['final'] > r['end']['mopd']['final']:
-    return text, 'partly: MOPD faster to 90% of the gap; GRPO passes the teacher'
-  return text, 'holds'
+                                    for x in gap['grpo']['per_seed']))
+  for a in r['steps_to_teacher']:
+    if a not in ('grpo', 'mopd'):
+      text += f'; {a}: {arm_text(r, a)}'
+  st = r['steps_to_teacher']
+  return text, dict(mopd=st['mopd'], grpo=st['grpo'])
 
 
 def arm_text(r, a):
@@ -156,7 +158,7 @@ def _judge(files):
           f"{p['bradley_terry']:.3f}; pairs of SFT samples the rule judge "
           f"ranks (n={s['n']}): judge {s['judge']:.3f}, Bradley-Terry "
           f"{s['bradley_terry']:.3f} (SE <= {s['se']:.3f})")
-  return text, 'built'
+  return text, dict(n=p['n'])
 
 
 def _rlhf_runs(files, reward: str | None = None, kl: str | None = None):
@@ -183,9 +185,7 @@ def _rlhf_reward(files):
     parts.append(f"{kind}: pref {means[kind]:+.3f} (mean of {len(rows)} "
                  f"seeds; {n_up} up beyond 2 SE)")
   text = 'RLHF from MOPD, rule-judge pass@1: ' + '; '.join(parts)
-  better = (means.get('generative_judge', -1) >= means.get('bradley_terry', 9))
-  return text, ('holds: judge ahead' if better else
-                'no: Bradley-Terry ahead (the default here)')
+  return text, dict(means=means)
 
 
 def _if_hurts(files):
@@ -206,10 +206,9 @@ def _if_hurts(files):
           + (f'; RLHF ({NAMES[reward]}) from MOPD over {len(rlhf)} seeds: '
              f"{np.mean([r['before'] for r in rlhf]):.3f} -> "
              f"{np.mean([r['after'] for r in rlhf]):.3f}" if rlhf else ''))
-  recovered = pref('rlhf') > pref('sft')
-  verdict = ('holds' if hurt and recovered else
-             'RLHF recovers; IF-RL does not hurt here' if recovered else 'no')
-  return text, verdict
+  return text, dict(changes=[dict(change=r['change'], se=r['se'])
+                             for r in reruns],
+                    start=pref('sft'), recovered=pref('rlhf'))
 
 
 def _kl(files):
@@ -225,66 +224,62 @@ def _kl(files):
   text = 'RLHF from MOPD, 15 steps: ' + '; '.join(parts)
   from configs import cascade  # pylint: disable=g-import-not-at-top
   default = {k: v for (r, k), v in means.items() if r == cascade.RLHF_REWARD}
-  if len(default) < 2:
-    return text, 'open (one KL measured)'
-  best = max(default, key=default.get)
-  return text, f'KL {best} better here ({NAMES.get(cascade.RLHF_REWARD)})'
+  return (text + f' (decided on the default reward, '
+          f'{NAMES[cascade.RLHF_REWARD]})', dict(means=default))
 
 
-CLAIMS = [
-    # runs/cascade_judge: bash scripts/main.sh --config=configs/cascade.py:judge
-    # --workdir=runs/cascade_judge (main_job_judge/), where every rerun
-    # below starts.
-    Claim('Each RL stage improves its own domain',
-          f'{RESULTS}/main_job/report.json', 'bash scripts/main.sh',
-          _main_job),
-    Claim('SFT leaves math part-learned; GRPO on math improves it',
-          f'{RESULTS}/main_job/report.json|{RESULTS}/math_rl/*/rerun.json|'
-          f'{RESULTS}/math_levels/sft_math_weight.json',
-          'python -m experiments.rerun_stage --config=configs/cascade.py:judge --run=runs/cascade_judge '
-          '--stage=math_rl --config.order=sft,math_rl --stage_seed=S '
-          '--workdir=runs/math_rl/seedS', _math),
-    Claim('MOPD reaches the math teacher in fewer steps than GRPO',
-          f'{RESULTS}/mopd_vs_grpo/results.json',
-          'python -m experiments.mopd_vs_grpo --config=configs/mopd_vs_grpo.py:lr '
-          '--config.init_from=runs/cascade_judge/code_rl '
-          '--config.teacher=runs/cascade_judge/sft --workdir=runs/mopd_vs_grpo',
-          _mopd),
-    Claim('A generative pairwise judge as the RLHF reward',
-          f'{RESULTS}/judge_agreement/agreement.json',
-          'python -m experiments.judge_agreement --run=runs/cascade_judge '
-          '--workdir=runs/agreement', _judge),
-    Claim('RLHF with the judge (the paper) vs a Bradley-Terry model',
-          f'{RESULTS}/rlhf/*_kl0.1_*/rerun.json',
-          'python -m experiments.rerun_stage --config=configs/cascade.py:judge --run=runs/cascade_judge --stage=rlhf '
-          '--config.stages.rlhf.reward=R --stage_seed=S '
-          '--workdir=runs/rlhf/R_kl0.1_seedS', _rlhf_reward),
-    Claim('IF-RL hurts alignment; RLHF recovers it',
-          f'{RESULTS}/main_job/report.json|{RESULTS}/if_rl/*/rerun.json|'
-          f'{RESULTS}/rlhf/bt_kl0.1_*/rerun.json',
-          'python -m experiments.rerun_stage --config=configs/cascade.py:judge --run=runs/cascade_judge --stage=if_rl '
-          '--stage_seed=S --workdir=runs/if_rl_S', _if_hurts),
-    Claim("RLHF's KL coefficient: 0.03 (paper) vs 0.1 (this repository)",
-          f'{RESULTS}/rlhf/*/rerun.json',
-          'python -m experiments.rerun_stage --config=configs/cascade.py:judge --run=runs/cascade_judge --stage=rlhf '
-          '--config.stages.rlhf.reward=R --config.stages.rlhf.rl.kl_coef=K '
-          '--stage_seed=S --workdir=runs/rlhf/R_klK_seedS', _kl),
-]
+def _forgetting(files):
+  """Per seed's main-job report: each RL stage's changes in the other
+  domains, and the final stage against SFT per domain."""
+  reps = [_load(f) for f in files]
+  stage_drops, final = {}, {}
+  for rep in reps:
+    for c in _stage_changes(rep, own=False):
+      stage_drops.setdefault(f"{c['stage']} {c['domain']}", []).append(c)
+    chain = [s for s in rep['stages']
+             if s.get('scores') and not s.get('branch')]
+    sft, last = chain[0], chain[-1]
+    for d in sorted(last['scores']):
+      a, b = sft['scores'][d], last['scores'][d]
+      final.setdefault(d, []).append(dict(
+          change=b['pass_rate'] - a['pass_rate'], se=_se_change(a, b)))
+  mean = lambda cs: float(np.mean([c['change'] for c in cs]))
+  beyond = lambda cs: sum(c['change'] < -2 * c['se'] for c in cs)
+  worst = sorted(stage_drops.items(), key=lambda kv: mean(kv[1]))[:4]
+  text = (f'{len(reps)} seeds of the main job; largest mean drops in '
+          'another domain (seeds down beyond 2 paired SE): '
+          + ', '.join(f'{k} {mean(cs):+.3f} ({beyond(cs)})' for k, cs in worst)
+          + '; final stage against SFT: '
+          + ', '.join(f'{SHORT.get(d, d)} {mean(cs):+.3f} ({beyond(cs)})'
+                      for d, cs in final.items()))
+  return text, dict(seeds=len(reps), stage_drops=stage_drops,
+                    final_vs_sft=final)
+
+
+MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
+    main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
+    rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
+    forgetting=_forgetting)
 
 
 def section() -> str:
+  rules = claims.load_rules(ROOT)
   lines = [BEGIN, '',
-           '| the paper says | at CPU scale (from the files) | verdict | '
-           'evidence | command |', '|---|---|---|---|---|']
-  for c in CLAIMS:
-    files = [f for pattern in c.files.split('|') for f in _glob(pattern)]
+           '| the paper says | at CPU scale (from the files) | verdict | rule '
+           '(committed before the results unless marked post hoc) | '
+           'evidence | command |', '|---|---|---|---|---|---|']
+  for cid, r in rules.items():
+    files = claims.result_files(r, ROOT)
     if not files:
       text, verdict = 'not measured (no result files)', 'open'
     else:
-      text, verdict = c.measure(files)
-    where = ', '.join(f'`{p}`' for p in c.files.split('|'))
-    lines.append(f'| {c.paper} | {text} | **{verdict}** | {where} | '
-                 f'`{c.command}` |')
+      text, numbers = MEASURES[r['measure']](files)
+      verdict = claims.verdict(r, numbers)
+    mark = ' (post hoc)' if r.get('post_hoc') else ''
+    where = ', '.join(f'`{p}`' for p in r['results'].split('|'))
+    lines.append(f"| {r['claim']} | {text} | **{verdict}**{mark} | "
+                 f'{claims.describe(r)} ([{cid}]({claims.RULES}/{cid}.json)) '
+                 f"| {where} | `{r['command']}` |")
   lines += ['', END]
   return '\n'.join(lines)
 
@@ -312,6 +307,17 @@ def main(argv: list[str]) -> int:
             'run python -m experiments.status --write', file=sys.stderr)
       return 1
     print('README.md status section matches docs/results')
+    why = claims.history_available(ROOT)
+    if why:
+      print(f'rules against their results: not checked ({why})')
+      return 0
+    problems = claims.check_history(ROOT)
+    if problems:
+      print('claims whose rule did not come first:\n'
+            + claims.format_problems(problems), file=sys.stderr)
+      return 1
+    print('every rule was committed before its results '
+          '(or is marked post hoc)')
   else:
     print(text)
   return 0

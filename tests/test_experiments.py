@@ -124,12 +124,19 @@ def test_judge_agreement_ranks_pairs_beside_bradley_terry(quick_cascade,
 
 def test_readme_status_is_written_from_the_results():
   # Every row of the README's status table is what the committed result
-  # files say (python -m experiments.status --write), and every claim has
-  # its files.
+  # files say (python -m experiments.status --write), every rule came
+  # before its results or says it did not, and a claim without files is
+  # one whose rule is registered ahead of its runs (not post hoc).
+  from experiments import claims  # pylint: disable=g-import-not-at-top
   r = _run('experiments.status', '--check')
   assert r.returncode == 0, r.stderr
   r = _run('experiments.status')
-  assert 'not measured' not in r.stdout, r.stdout
+  rules = claims.load_rules()
+  for cid, rule in rules.items():
+    row = next(l for l in r.stdout.splitlines() if f'[{cid}]' in l)
+    if 'not measured' in row:
+      assert 'post_hoc' not in rule, cid
+    assert ('(post hoc)' in row) == bool(rule.get('post_hoc')), cid
 
 
 def test_steps_to_the_teacher_on_known_curves():

@@ -1,0 +1,264 @@
+"""The claims' rules as data (docs/claims/<id>.json), their verdicts, and the check that each rule came first.
+
+A rule file names the paper's claim, the result files that decide it, the
+command that makes them, and the rule: its metric, comparison, threshold
+and seeds, and the verdict function (`VERDICTS`) that applies it to the
+numbers `experiments.status` reads from the files. The rule is committed
+before the runs; `check_history` fails when a rule changed in a commit that
+is not an ancestor of every commit adding its results (or is uncommitted
+while they are committed). A rule written down after its results says so in
+`post_hoc` (why, and where the rule stood before), and the status table
+marks its verdict "post hoc".
+
+Flag-free: tests import it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RULES = 'docs/claims'
+_FIELDS = {'claim', 'results', 'command', 'measure', 'rule', 'post_hoc'}
+_RULE_FIELDS = {'verdict', 'metric', 'comparison', 'threshold', 'seeds'}
+
+
+# ------------------------------------------------------------- verdicts
+# Each takes the rule (the "rule" object of a rule file) and the numbers a
+# measure read from the result files, and returns the verdict's words.
+
+def verdict_all_up(rule: dict, m: dict) -> str:
+  """Every change up beyond threshold x its SE: 'holds'; else 'k/n'."""
+  ups = [c['change'] > rule['threshold'] * c['se'] for c in m['changes']]
+  return 'holds' if all(ups) else f'{sum(ups)}/{len(ups)}'
+
+
+def verdict_band_then_up(rule: dict, m: dict) -> str:
+  """The start inside rule['band'] and every seed's change up beyond the
+  threshold: 'holds'; one of the two: 'partly'; neither: 'no'."""
+  lo, hi = rule['band']
+  in_band = lo <= m['start'] <= hi
+  ups = [c['change'] > rule['threshold'] * c['se'] for c in m['changes']]
+  if len(ups) < rule['seeds']:
+    return f"open ({len(ups)} of {rule['seeds']} seeds)"
+  if in_band and all(ups):
+    return 'holds'
+  return 'partly' if in_band or any(ups) else 'no'
+
+
+def verdict_fewer_steps_to_teacher(rule: dict, m: dict) -> str:
+  """MOPD 'faster': it reached the teacher's score in more seeds, or in as
+  many (at least one) with fewer mean steps (the rule of e7a9e0d)."""
+  del rule
+  a, b = m['mopd'], m['grpo']
+  faster = (a['reached'] > b['reached'] or
+            (a['reached'] == b['reached'] and a['reached'] > 0 and
+             a['mean'] < b['mean']))
+  return 'holds' if faster else 'no'
+
+
+def verdict_reported(rule: dict, m: dict) -> str:
+  """A capability the row reports without deciding a comparison: 'built'
+  when the measurement exists, else 'open'."""
+  del rule
+  return 'built' if m.get('n', 0) > 0 else 'open'
+
+
+def verdict_mean_ahead(rule: dict, m: dict) -> str:
+  """Arm rule['arm'] ahead of rule['other'] in mean change over seeds."""
+  a, b = m['means'].get(rule['arm']), m['means'].get(rule['other'])
+  if a is None or b is None:
+    return 'open'
+  return (f"holds: {rule['arm']} ahead" if a >= b else
+          f"no: {rule['other']} ahead")
+
+
+def verdict_hurts_then_recovers(rule: dict, m: dict) -> str:
+  """Some seed's change down beyond the threshold (hurts) and the recovery
+  stage above the start ('recovers')."""
+  hurt = any(c['change'] < -rule['threshold'] * c['se'] for c in m['changes'])
+  recovered = m['recovered'] > m['start']
+  if hurt and recovered:
+    return 'holds'
+  return 'RLHF recovers; IF-RL does not hurt here' if recovered else 'no'
+
+
+def verdict_best_mean(rule: dict, m: dict) -> str:
+  """The setting with the best mean change (of at least two measured)."""
+  means = m['means']
+  if len(means) < 2:
+    return 'open (one setting measured)'
+  best = max(means, key=means.get)
+  return f"{rule.get('name', 'setting')} {best} better here"
+
+
+def verdict_forgets_little(rule: dict, m: dict) -> str:
+  """The cascade 'forgets little': over the seeds, no domain ends below SFT
+  beyond the threshold in `rule['in_seeds']` or more seeds (else 'no'), and
+  no stage drops the same other domain beyond it in that many seeds (else
+  'partly')."""
+  seeds, need = m['seeds'], rule['seeds']
+  if seeds < need:
+    return f'open ({seeds} of {need} seeds)'
+  k, t = rule['in_seeds'], rule['threshold']
+  final = {d: sum(c['change'] < -t * c['se'] for c in cs)
+           for d, cs in m['final_vs_sft'].items()}
+  stages = {key: sum(c['change'] < -t * c['se'] for c in cs)
+            for key, cs in m['stage_drops'].items()}
+  lost = sorted(d for d, n in final.items() if n >= k)
+  if lost:
+    return 'no: below SFT at the end in ' + ', '.join(lost)
+  forgot = sorted(key for key, n in stages.items() if n >= k)
+  if forgot:
+    return 'partly: ' + ', '.join(forgot) + ' dropped, recovered by the end'
+  return 'holds'
+
+
+VERDICTS: dict[str, Callable[[dict, dict], str]] = {
+    name.removeprefix('verdict_'): fn for name, fn in globals().items()
+    if name.startswith('verdict_') and callable(fn)}
+
+
+# ---------------------------------------------------------------- rules
+
+def load_rules(root: str = ROOT) -> dict[str, dict]:
+  """{claim id: rule file}, in file-name order; a malformed file is an error
+  naming it and the field."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(root, RULES, '*.json'))):
+    cid = os.path.splitext(os.path.basename(path))[0]
+    with open(path) as f:
+      r = json.load(f)
+    where = os.path.relpath(path, root)
+    if set(r) - _FIELDS or {'claim', 'results', 'command', 'measure',
+                            'rule'} - set(r):
+      raise ValueError(f'{where}: fields {sorted(r)}, want {sorted(_FIELDS)} '
+                       "('post_hoc' optional)")
+    missing = _RULE_FIELDS - set(r['rule'])
+    if missing:
+      raise ValueError(f'{where}: rule lacks {sorted(missing)}')
+    if r['rule']['verdict'] not in VERDICTS:
+      raise ValueError(f"{where}: unknown verdict {r['rule']['verdict']!r} "
+                       f'(known: {sorted(VERDICTS)})')
+    out[cid] = r
+  return out
+
+
+def result_files(rule: dict, root: str = ROOT) -> list[str]:
+  """The rule's result files (its '|'-separated globs), relative to root."""
+  return sorted({os.path.relpath(p, root)
+                 for pattern in rule['results'].split('|')
+                 for p in glob.glob(os.path.join(root, pattern))})
+
+
+def verdict(rule: dict, numbers: dict) -> str:
+  return VERDICTS[rule['rule']['verdict']](rule['rule'], numbers)
+
+
+# -------------------------------------------------------------- history
+
+def _git(root: str, *args: str) -> str:
+  return subprocess.run(['git', '-C', root, *args], capture_output=True,
+                        text=True, check=True).stdout.strip()
+
+
+def history_available(root: str = ROOT) -> str | None:
+  """None when root's git history can be read whole; else why not."""
+  try:
+    if _git(root, 'rev-parse', '--is-shallow-repository') == 'true':
+      return 'a shallow clone'
+  except (OSError, subprocess.CalledProcessError):
+    return 'not a git checkout'
+  return None
+
+
+def _rule_commit(root: str, rel: str) -> str | None:
+  """The commit that last changed the file's "rule" object; 'uncommitted'
+  when the working tree's rule differs from the last commit's; None when
+  the file was never committed."""
+  commits = _git(root, 'log', '--format=%H', '--reverse', '--', rel).split()
+  last, seen = None, None
+  for c in commits:
+    try:
+      rule = json.loads(_git(root, 'show', f'{c}:{rel}')).get('rule')
+    except (subprocess.CalledProcessError, json.JSONDecodeError):
+      rule = None        # deleted or unreadable at c: a change
+    if rule != seen:
+      last, seen = c, rule
+  with open(os.path.join(root, rel)) as f:
+    if json.load(f).get('rule') != seen:
+      return 'uncommitted'
+  return last
+
+
+def _added_at(root: str, rel: str) -> str | None:
+  """The commit that first added a file (None: not committed)."""
+  out = _git(root, 'log', '--diff-filter=A', '--format=%H', '--reverse',
+             '--', rel).split()
+  return out[0] if out else None
+
+
+def _before(root: str, a: str, b: str) -> bool:
+  """Commit a is a strict ancestor of commit b."""
+  if a == b:
+    return False
+  return subprocess.run(['git', '-C', root, 'merge-base', '--is-ancestor', a,
+                         b], capture_output=True).returncode == 0
+
+
+def check_history(root: str = ROOT,
+                  rules: dict[str, dict] | None = None) -> list[str]:
+  """Problems, one line each: a rule changed with or after its results (not
+  marked post hoc), a post-hoc mark on a rule that did come first, a result
+  of a registered rule from a dirty tree."""
+  rules = load_rules(root) if rules is None else rules
+  problems = []
+  for cid, r in rules.items():
+    rel = os.path.join(RULES, f'{cid}.json')
+    at = _rule_commit(root, rel)
+    late = []
+    for f in result_files(r, root):
+      added = _added_at(root, f)
+      if added is None:        # results not committed yet: made after the rule
+        if at in (None, 'uncommitted'):
+          late.append(f'{f} (the rule is not committed)')
+        continue
+      if at in (None, 'uncommitted') or not _before(root, at, added):
+        late.append(f'{f} (added at {added[:7]}, the rule at '
+                    f'{at if at in (None, "uncommitted") else at[:7]})')
+    if late and not r.get('post_hoc'):
+      problems.append(f'{rel}: its rule was not committed before its '
+                      f'results: {"; ".join(late)}')
+    if not late and r.get('post_hoc') and result_files(r, root):
+      problems.append(f'{rel}: marked post_hoc, but its rule was committed '
+                      'before every result: drop post_hoc')
+    if not r.get('post_hoc'):
+      for f in result_files(r, root):
+        if f.endswith('.json') and _dirty(os.path.join(root, f)):
+          problems.append(f'{f}: made from a dirty tree (rule {cid})')
+  return problems
+
+
+def _dirty(path: str) -> bool:
+  with open(path) as f:
+    try:
+      doc = json.load(f)
+    except json.JSONDecodeError:
+      return False
+  meta = doc.get('meta', doc) if isinstance(doc, dict) else {}
+  return bool(meta.get('dirty'))
+
+
+def describe(rule: dict) -> str:
+  """The rule in words, for the table."""
+  r = rule['rule']
+  return (f"{r['metric']}; {r['comparison']} (threshold {r['threshold']}, "
+          f"{r['seeds']} seed{'s' if r['seeds'] != 1 else ''})")
+
+
+def format_problems(problems: Sequence[str]) -> str:
+  return '\n'.join(f'  - {p}' for p in problems)

@@ -1,0 +1,231 @@
+"""The claims' rules as data: every verdict function on synthetic results, and the check that a rule was committed before its results."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from experiments import claims
+
+
+def _c(change, se=0.01):
+  return dict(change=change, se=se)
+
+
+def test_verdict_all_up_counts_and_names_the_misses():
+  rule = dict(threshold=2.0)
+  assert claims.verdict_all_up(rule, dict(changes=[_c(0.03), _c(0.05)])) \
+      == 'holds'
+  # 0.02 is exactly 2 SE: not beyond.
+  assert claims.verdict_all_up(rule, dict(changes=[_c(0.03), _c(0.02),
+                                                   _c(-0.1)])) == '1/3'
+
+
+def test_verdict_band_then_up():
+  rule = dict(threshold=2.0, seeds=3, band=[0.3, 0.6])
+  up3 = [_c(0.05)] * 3
+  assert claims.verdict_band_then_up(rule, dict(start=0.5, changes=up3)) \
+      == 'holds'
+  assert claims.verdict_band_then_up(rule, dict(start=0.7, changes=up3)) \
+      == 'partly'
+  assert claims.verdict_band_then_up(
+      rule, dict(start=0.5, changes=[_c(0.05), _c(0.0), _c(0.05)])) == 'partly'
+  assert claims.verdict_band_then_up(
+      rule, dict(start=0.1, changes=[_c(0.0)] * 3)) == 'no'
+  assert claims.verdict_band_then_up(
+      rule, dict(start=0.5, changes=up3[:2])) == 'open (2 of 3 seeds)'
+
+
+def test_verdict_fewer_steps_to_teacher_is_the_rule_of_e7a9e0d():
+  arm = lambda reached, mean: dict(reached=reached, mean=mean)
+  v = lambda m, g: claims.verdict_fewer_steps_to_teacher(
+      {}, dict(mopd=m, grpo=g))
+  # The committed results: MOPD 2 of 3 seeds (mean 9), GRPO 3 of 3 (13.3).
+  assert v(arm(2, 9.0), arm(3, 13.3)) == 'no'
+  assert v(arm(3, 9.0), arm(3, 13.3)) == 'holds'
+  assert v(arm(3, 14.0), arm(3, 13.3)) == 'no'
+  assert v(arm(1, 30.0), arm(0, None)) == 'holds'
+  assert v(arm(0, None), arm(0, None)) == 'no'
+
+
+def test_verdict_reported():
+  assert claims.verdict_reported({}, dict(n=256)) == 'built'
+  assert claims.verdict_reported({}, dict(n=0)) == 'open'
+
+
+def test_verdict_mean_ahead():
+  rule = dict(arm='generative_judge', other='bradley_terry')
+  assert claims.verdict_mean_ahead(rule, dict(means=dict(
+      generative_judge=0.017, bradley_terry=0.25))) == \
+      'no: bradley_terry ahead'
+  assert claims.verdict_mean_ahead(rule, dict(means=dict(
+      generative_judge=0.3, bradley_terry=0.25))) == \
+      'holds: generative_judge ahead'
+  assert claims.verdict_mean_ahead(rule, dict(means=dict(
+      bradley_terry=0.25))) == 'open'
+
+
+def test_verdict_hurts_then_recovers():
+  rule = dict(threshold=2.0)
+  hurt = [_c(-0.07), _c(-0.01)]
+  assert claims.verdict_hurts_then_recovers(rule, dict(
+      changes=hurt, start=0.39, recovered=0.64)) == 'holds'
+  assert claims.verdict_hurts_then_recovers(rule, dict(
+      changes=[_c(-0.01)] * 2, start=0.39, recovered=0.64)) == \
+      'RLHF recovers; IF-RL does not hurt here'
+  assert claims.verdict_hurts_then_recovers(rule, dict(
+      changes=hurt, start=0.39, recovered=0.30)) == 'no'
+
+
+def test_verdict_best_mean():
+  rule = dict(name='KL')
+  assert claims.verdict_best_mean(rule, dict(means={'0.03': 0.28, '0.1': 0.25})
+                                  ) == 'KL 0.03 better here'
+  assert claims.verdict_best_mean(rule, dict(means={'0.03': 0.2, '0.1': 0.25})
+                                  ) == 'KL 0.1 better here'
+  assert claims.verdict_best_mean(rule, dict(means={'0.1': 0.25})).startswith(
+      'open')
+
+
+def test_verdict_forgets_little():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2)
+  fine = [_c(0.0)] * 3
+  m = lambda final, stages, seeds=3: dict(seeds=seeds, final_vs_sft=final,
+                                          stage_drops=stages)
+  assert claims.verdict_forgets_little(
+      rule, m({'math': fine}, {'rlhf math': fine})) == 'holds'
+  # One seed of three below: not enough.
+  one = [_c(-0.09), _c(0.0), _c(0.0)]
+  assert claims.verdict_forgets_little(
+      rule, m({'math': one}, {'rlhf math': one})) == 'holds'
+  two = [_c(-0.09), _c(-0.05), _c(0.0)]
+  assert claims.verdict_forgets_little(
+      rule, m({'math': fine}, {'rlhf math': two})) == \
+      'partly: rlhf math dropped, recovered by the end'
+  assert claims.verdict_forgets_little(
+      rule, m({'math': two, 'code': fine}, {'rlhf math': two})) == \
+      'no: below SFT at the end in math'
+  assert claims.verdict_forgets_little(
+      rule, m({'math': fine[:1]}, {}, seeds=1)) == 'open (1 of 3 seeds)'
+
+
+def test_every_verdict_function_has_a_test_here():
+  with open(__file__) as f:
+    tested = f.read()
+  for name in claims.VERDICTS:
+    assert f'test_verdict_{name}' in tested, name
+
+
+def test_the_repositorys_rules_load_and_name_known_verdicts():
+  rules = claims.load_rules()
+  assert len(rules) >= 8
+  assert rules['3_mopd_vs_grpo']['rule']['verdict'] == 'fewer_steps_to_teacher'
+  # The forgetting rule is registered before its runs: not post hoc.
+  assert 'post_hoc' not in rules['8_forgetting']
+
+
+# ----------------------------------------------------------- history
+
+def _git(root, *args):
+  subprocess.run(['git', '-C', str(root), *args], check=True,
+                 capture_output=True)
+
+
+def _commit(root, msg):
+  _git(root, 'add', '-A')
+  _git(root, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q',
+       '-m', msg)
+
+
+def _write(root, rel, doc):
+  path = root / rel
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(doc))
+
+
+def _rule(threshold=2.0, **extra):
+  return dict(claim='c', results='res/*.json', command='run it',
+              measure='main_job',
+              rule=dict(verdict='all_up', metric='m', comparison='up',
+                        threshold=threshold, seeds=1), **extra)
+
+
+@pytest.fixture
+def repo(tmp_path):
+  _git(tmp_path, 'init', '-q')
+  return tmp_path
+
+
+def test_a_rule_committed_before_its_results_passes(repo):
+  _write(repo, 'docs/claims/x.json', _rule())
+  _commit(repo, 'rule')
+  _write(repo, 'res/a.json', dict(meta=dict(dirty=False)))
+  _commit(repo, 'results')
+  assert claims.check_history(str(repo)) == []
+  # Its words may change after the results; its rule may not.
+  _write(repo, 'docs/claims/x.json', dict(_rule(), command='run it again'))
+  _commit(repo, 'words')
+  assert claims.check_history(str(repo)) == []
+  _write(repo, 'docs/claims/x.json', _rule(threshold=1.0))
+  problems = claims.check_history(str(repo))
+  assert len(problems) == 1 and 'uncommitted' in problems[0], problems
+  _commit(repo, 'rule changed after the results')
+  problems = claims.check_history(str(repo))
+  assert len(problems) == 1 and 'res/a.json' in problems[0], problems
+
+
+def test_results_with_or_before_their_rule_fail_unless_post_hoc(repo):
+  _write(repo, 'res/a.json', {})
+  _write(repo, 'docs/claims/x.json', _rule())
+  _commit(repo, 'rule and results together')
+  problems = claims.check_history(str(repo))
+  assert len(problems) == 1 and 'x.json' in problems[0], problems
+  _write(repo, 'docs/claims/x.json', _rule(post_hoc='written afterwards'))
+  _commit(repo, 'marked')
+  assert claims.check_history(str(repo)) == []
+
+
+def test_a_post_hoc_mark_on_a_rule_that_came_first_fails(repo):
+  _write(repo, 'docs/claims/x.json', _rule(post_hoc='not true'))
+  _commit(repo, 'rule')
+  _write(repo, 'res/a.json', {})
+  _commit(repo, 'results')
+  problems = claims.check_history(str(repo))
+  assert len(problems) == 1 and 'drop post_hoc' in problems[0], problems
+
+
+def test_results_of_a_registered_rule_from_a_dirty_tree_fail(repo):
+  _write(repo, 'docs/claims/x.json', _rule())
+  _commit(repo, 'rule')
+  _write(repo, 'res/a.json', dict(meta=dict(dirty=True)))
+  _commit(repo, 'results')
+  problems = claims.check_history(str(repo))
+  assert len(problems) == 1 and 'dirty' in problems[0], problems
+
+
+def test_uncommitted_results_of_a_committed_rule_pass(repo):
+  _write(repo, 'docs/claims/x.json', _rule())
+  _commit(repo, 'rule')
+  _write(repo, 'res/a.json', {})
+  assert claims.check_history(str(repo)) == []
+
+
+def test_a_malformed_rule_file_is_named(repo):
+  _write(repo, 'docs/claims/x.json', dict(_rule(), extra=1))
+  with pytest.raises(ValueError, match=r'docs/claims/x.json: fields'):
+    claims.load_rules(str(repo))
+  bad = _rule()
+  bad['rule']['verdict'] = 'nope'
+  _write(repo, 'docs/claims/x.json', bad)
+  with pytest.raises(ValueError, match="unknown verdict 'nope'"):
+    claims.load_rules(str(repo))
+  del bad['rule']['seeds']
+  _write(repo, 'docs/claims/x.json', bad)
+  with pytest.raises(ValueError, match=r"lacks \['seeds'\]"):
+    claims.load_rules(str(repo))
+
+
+def test_history_is_unavailable_outside_git(tmp_path):
+  os.makedirs(tmp_path / 'docs' / 'claims')
+  assert claims.history_available(str(tmp_path)) == 'not a git checkout'
