@@ -53,14 +53,24 @@ def test_quick_sft_runs_end_to_end(tmp_path):
 def test_sft_on_an_expert_parallel_mesh(tmp_path):
   # 8 fake devices: data 2 x fsdp 2 x expert 2; 10 eval prompts per domain
   # (not a multiple of 8: the evaluator pads).
-  c = _quick(**{'steps': 4, 'eval_n': 10, 'checkpoint_every': 4})
+  c = _quick(**{'steps': 4, 'eval_n': 10, 'checkpoint_every': 4,
+                'log_every': 1})
   c.mesh = type(c.mesh)(dict(data=2, fsdp=2, expert=2))
   c.data.sources = type(c.data.sources)(
       {k: v for k, v in c.data.sources.items() if k in ('math', 'code')})
-  scores = sft.run(c, str(tmp_path))
+  scores = sft.run(c, str(tmp_path / 'mesh'))
   assert set(scores) == {'math', 'code'} and scores['math'].n == 10
-  rows = [json.loads(l) for l in open(tmp_path / 'sft_metrics.jsonl')]
-  assert np.isfinite([r['loss'] for r in rows if 'loss' in r]).all()
+  # The same run on one device gives the same losses step by step, up to
+  # the capacity dispatch's drops, which depend on how the batch is split
+  # (measured: 7.2e-4 relative at step 1, before any update, at most 7.2e-4
+  # over the 4 steps): the tolerance is about 3 x that.
+  c.mesh, c.eval_n = type(c.mesh)({}), 0
+  sft.run(c, str(tmp_path / 'one'))
+  loss = lambda d: [json.loads(l)['loss'] for l in open(
+      tmp_path / d / 'sft_metrics.jsonl') if '"loss"' in l]
+  assert len(loss('mesh')) == 4
+  np.testing.assert_allclose(loss('mesh'), loss('one'), rtol=2e-3)
+  assert loss('mesh')[-1] < loss('mesh')[0] - 0.3     # it learns
 
 
 def test_gradient_accumulation_is_exact():
