@@ -127,8 +127,12 @@ def test_judge_stage_trains_and_serves_as_reward(quick_sft_run, tmp_path):
   c.steps = 12
   out = reward_model.judge_train_run(c, str(tmp_path / 'judge'))
   assert out == json.load(open(tmp_path / 'judge' / 'judge_scores.json'))
-  assert 0.0 <= out['agreement'] <= 1.0 and out['n'] == c.eval_n
-  assert out['before'] is not None
+  assert out['n'] == out['before']['n'] == c.eval_n
+  # Training teaches the verdict: before it the model answers neither A nor
+  # B (measured: 'neither' 1.0, agreement 0.0), after 12 steps it answers A
+  # or B (0.047 neither; agreement 0.48, near chance this early).
+  assert out['before']['neither'] > 0.5 > out['neither'], out
+  assert out['agreement'] > out['before']['agreement'], out
   # The run is a judge (and a plain language model for everything else).
   assert reward_model.is_judge(str(tmp_path / 'judge'))
   fn = reward_model.load(str(tmp_path / 'judge'),
@@ -141,7 +145,17 @@ def test_judge_stage_trains_and_serves_as_reward(quick_sft_run, tmp_path):
   recs = [held[0]] * 3 + [held[1]] * 3
   resp = [held[0]['chosen'], held[0]['rejected'], 'x'] + [held[1]['chosen']] * 3
   r = fn(recs, resp)
-  assert r.shape == (6,) and np.all((r >= 0) & (r <= 1))
+  # Each reply's reward: its order-averaged win probability against each
+  # other reply of its group, from the judge's P(first better) in both
+  # orders; so a group's rewards sum to half its size, whatever the
+  # position bias (measured 0.36 here: one order alone would not).
+  q = _judge.question_of(held[0])
+  p = {(i, j): fn.judge.p_first([(q, resp[i], resp[j])])[0][0]
+       for i in range(3) for j in range(3) if i != j}
+  want = [np.mean([0.5 * (p[(i, j)] + 1 - p[(j, i)])
+                   for j in range(3) if j != i]) for i in range(3)]
+  np.testing.assert_allclose(r[:3], want, atol=1e-5)
+  np.testing.assert_allclose(r[:3].sum(), 1.5, atol=1e-5)
   np.testing.assert_allclose(r[3:], 0.5, atol=1e-6)   # identical replies tie
   # A score does not depend on the rest of the batch (no token dropped).
   np.testing.assert_allclose(fn(recs[:3], resp[:3]), r[:3], atol=1e-5)

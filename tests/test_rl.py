@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -468,9 +469,41 @@ def test_mopd_stage_uses_teachers_and_names_a_missing_one(sft_dir, tmp_path):
   # Teacher = the student's own start: reverse KL ~ 0 on the first step.
   first = [r for r in rows if 'reverse_kl' in r][0]
   assert abs(first['reverse_kl']) < 1e-4
+  # A teacher unlike the student (its weights moved by noise): the reverse
+  # KL the stage reports, the mean of log pi_student - log pi_teacher over
+  # the student's own samples, estimates KL(student || teacher) > 0; with
+  # teacher and student swapped anywhere it would come out negative.
+  c.teachers.math = _perturbed_copy(sft_dir, tmp_path / 'teacher')
+  c.steps = 1
+  rl.run(c, str(tmp_path / 'far'))
+  rows = [json.loads(l) for l in open(tmp_path / 'far' / 'rl_metrics.jsonl')]
+  far = [r for r in rows if 'reverse_kl' in r][0]
+  assert far["reverse_kl"] > 0.1, far      # measured 0.98
   c.teachers.math = str(tmp_path / 'nowhere')
   with pytest.raises(FileNotFoundError, match="teacher for domain 'math'"):
     rl.run(c, str(tmp_path / 'bad'))
+
+
+def _perturbed_copy(run_dir, out) -> str:
+  """A copy of a run whose latest weights have Gaussian noise added
+  (std 0.5 x each tensor's std)."""
+  from cascade_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  shutil.copytree(run_dir, out)
+  ckpt = checkpoint.Checkpointer(str(out / 'checkpoints'))
+  step = ckpt.latest_step()
+  state, extra = ckpt.read(step)
+  rng = np.random.default_rng(0)
+  noisy = jax.tree.map(
+      lambda x: (x + 0.5 * np.std(x) * rng.standard_normal(x.shape)).astype(
+          x.dtype) if np.issubdtype(np.asarray(x).dtype, np.floating)
+      and np.size(x) > 1 else x, state)
+  ckpt.close()
+  shutil.rmtree(out / 'checkpoints' / str(step))
+  ckpt = checkpoint.Checkpointer(str(out / 'checkpoints'))
+  ckpt.save(step, noisy, extra)
+  ckpt.wait()
+  ckpt.close()
+  return str(out)
 
 
 def test_model_spec_follows_init_from(tmp_path):
