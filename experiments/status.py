@@ -262,6 +262,25 @@ MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     forgetting=_forgetting)
 
 
+def _provenance(files: list[str]) -> str:
+  """' (n runs at commits ..., k from dirty trees)' over the files that
+  record their run (meta.commit); each file's meta.command is the command
+  that made it."""
+  metas = []
+  for f in files:
+    if f.endswith('.json'):
+      doc = _load(f)
+      if isinstance(doc, dict) and (doc.get('meta') or {}).get('commit'):
+        metas.append(doc['meta'])
+  if not metas:
+    return ''
+  commits = sorted({m['commit'][:7] for m in metas})
+  dirty = sum(bool(m.get('dirty')) for m in metas)
+  return (f" ({len(metas)} run{'s' if len(metas) > 1 else ''} at "
+          f"{', '.join(commits)}; {dirty} from a dirty tree; each file's "
+          'meta.command is its command)')
+
+
 def section() -> str:
   rules = claims.load_rules(ROOT)
   lines = [BEGIN, '',
@@ -276,7 +295,8 @@ def section() -> str:
       text, numbers = MEASURES[r['measure']](files)
       verdict = claims.verdict(r, numbers)
     mark = ' (post hoc)' if r.get('post_hoc') else ''
-    where = ', '.join(f'`{p}`' for p in r['results'].split('|'))
+    where = (', '.join(f'`{p}`' for p in r['results'].split('|'))
+             + _provenance(files))
     lines.append(f"| {r['claim']} | {text} | **{verdict}**{mark} | "
                  f'{claims.describe(r)} ([{cid}]({claims.RULES}/{cid}.json)) '
                  f"| {where} | `{r['command']}` |")
