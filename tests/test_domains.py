@@ -3,6 +3,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 
 from cascade_jax import domains
@@ -211,6 +212,26 @@ def test_instruction_reward_is_fraction_met():
                           dict(type='word_count', relation='exactly', n=2)])
   (s,) = domains.get('instruction_following').verify([rec], ['three words here'])
   assert s.reward == 0.5 and not s.passed
+
+
+def test_instruction_scores_break_down_by_constraint_kind():
+  rec = lambda i, cs: dict(id=i, domain='instruction_following', messages=[],
+                           constraints=cs, topic='cats')
+  low = dict(type='lowercase')
+  two = dict(type='word_count', relation='exactly', n=2)
+  recs = [rec('a', [low, two]), rec('b', [low]), rec('c', [two])]
+  scores = domains.evaluate(recs, ['soft paws', 'Soft paws', 'soft paws here'])
+  s = scores['instruction_following']
+  assert dict(s.by_check) == {'lowercase': 0.5, 'word_count:exactly': 0.5,
+                              'topic': 1.0}
+  assert s.pass_rate == 1 / 3
+  # The RL stage's 'passed' reward: all constraints met, else 0.
+  from cascade_jax.rl import _collect  # pylint: disable=g-import-not-at-top
+  texts = ['soft paws', 'Soft paws', 'soft paws here']
+  np.testing.assert_allclose(_collect.verifier_rewards(recs, texts),
+                             [1.0, 0.5, 0.5], rtol=1e-6)
+  np.testing.assert_array_equal(
+      _collect.verifier_rewards(recs, texts, passed=True), [1.0, 0.0, 0.0])
 
 
 def test_multi_domain_formats():

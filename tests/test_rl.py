@@ -57,6 +57,8 @@ def test_config_errors():
   for k in ('micro_batches', 'updates_per_batch'):
     with pytest.raises(ValueError, match=f'rl.{k} must be >= 1'):
       rl.RLConfig(**{k: 0})
+  with pytest.raises(ValueError, match='rl.verifier_reward'):
+    rl.RLConfig(verifier_reward='all')
 
 
 def _main_job_policy(tok, seed=0):

@@ -97,7 +97,8 @@ def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
       episodes=episodes.to_dict() if episodes else None)
   return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n,
                  prompts=s.n // samples, pass_se=s.pass_se,
-                 prompt_pass=dict(s.prompt_pass))
+                 prompt_pass=dict(s.prompt_pass),
+                 **(dict(by_check=dict(s.by_check)) if s.by_check else {}))
           for d, s in scores.items()}
 
 

@@ -24,6 +24,10 @@ class DomainScore:
   pass_rate: float
   pass_se: float = float('nan')
   prompt_pass: tuple[tuple[str, float], ...] = ()
+  # (check, fraction of responses meeting it) where the verifier names its
+  # checks (Score.details['checks']: instruction following's constraint
+  # kinds): which constraints a model meets, beside all of them (passed).
+  by_check: tuple[tuple[str, float], ...] = ()
 
 
 def _prompt_pass(records, scores) -> tuple[tuple[str, float], ...]:
@@ -96,8 +100,16 @@ def summarize(records: Sequence[_base.Record], scores: Sequence[_base.Score]
     pp = _prompt_pass(recs, ss)
     out[d] = DomainScore(d, len(ss), sum(s.reward for s in ss) / len(ss),
                          sum(s.passed for s in ss) / len(ss),
-                         _se_of_mean([m for _, m in pp]), pp)
+                         _se_of_mean([m for _, m in pp]), pp, _by_check(ss))
   return out
+
+
+def _by_check(scores: Sequence[_base.Score]) -> tuple[tuple[str, float], ...]:
+  met = collections.defaultdict(list)
+  for s in scores:
+    for name, ok in (s.details or {}).get('checks', ()):
+      met[name].append(float(ok))
+  return tuple((k, sum(v) / len(v)) for k, v in sorted(met.items()))
 
 
 def format_scores(scores: dict[str, DomainScore]) -> str:

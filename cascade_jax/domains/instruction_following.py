@@ -224,11 +224,18 @@ def verify(records, responses, *, sandbox=None):
     # Every prompt asks for writing: saying nothing meets no constraint
     # (else "at most 3 words" or "do not use X" would reward silence).
     met = [bool(words(text)) and check(c, text) for c in rec['constraints']]
+    names = [check_name(c) for c in rec['constraints']]
     if rec.get('topic') in TOPICS:
       met.append(on_topic(rec['topic'], text))
+      names.append('topic')
     out.append(_base.Score(sum(met) / max(len(met), 1), all(met),
-                           {'met': met}))
+                           {'met': met, 'checks': list(zip(names, met))}))
   return out
+
+
+def check_name(c: dict) -> str:
+  """A constraint's kind, for per-constraint breakdowns ('word_count:at_most')."""
+  return c['type'] + (f":{c['relation']}" if 'relation' in c else '')
 
 
 DOMAIN = _base.Domain(

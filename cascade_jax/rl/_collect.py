@@ -58,10 +58,12 @@ class PromptStream:
 RewardFn = Callable[[Sequence[dict], Sequence[str]], np.ndarray]
 
 
-def verifier_rewards(records, responses, sandbox=None) -> np.ndarray:
-  """Rewards from each record's domain verifier."""
-  return np.asarray([s.reward for s in domains.score(records, responses,
-                                                     sandbox=sandbox)],
+def verifier_rewards(records, responses, sandbox=None, *,
+                     passed: bool = False) -> np.ndarray:
+  """Rewards from each record's domain verifier: its graded reward, or 1 /
+  0 for a response that passes whole / does not (`passed`)."""
+  scores = domains.score(records, responses, sandbox=sandbox)
+  return np.asarray([float(s.passed) if passed else s.reward for s in scores],
                     np.float32)
 
 

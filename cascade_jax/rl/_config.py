@@ -16,6 +16,9 @@ CORRECTIONS = ('tis', 'mask', 'none')
 SAMPLER_LAYOUTS = ('inference', 'train')
 
 
+VERIFIER_REWARDS = ('graded', 'passed')
+
+
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
   algorithm: str = 'grpo'           # 'grpo' | 'mopd'
@@ -47,6 +50,10 @@ class RLConfig:
   overlong: str = 'penalty'
   routing_replay: bool = True
   mopd_reward_weight: float = 0.0
+  # A verifier's reward: 'graded' (its reward: instruction following's is
+  # the fraction of constraints met) or 'passed' (1 when the response
+  # passes whole, else 0: all constraints met, the paper's IF-RL reward).
+  verifier_reward: str = 'graded'
   # Cut the batch's empty response tail in buckets of this many tokens
   # (0: never). Each new width compiles the update once more: worth it for
   # long stages with a generous max_new_tokens, not for 30-step ones.
@@ -112,6 +119,9 @@ class RLConfig:
     if self.overlong not in ('penalty', 'filter', 'none'):
       raise ValueError(f'rl.overlong: {self.overlong!r} not in '
                        "('penalty', 'filter', 'none')")
+    if self.verifier_reward not in VERIFIER_REWARDS:
+      raise ValueError(f'rl.verifier_reward: {self.verifier_reward!r} not in '
+                       f'{VERIFIER_REWARDS}')
     if not self.temperature > 0:
       raise ValueError(
           f'rl.temperature must be > 0, got {self.temperature}: the learner '

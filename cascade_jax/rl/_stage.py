@@ -14,6 +14,7 @@ stopped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 
@@ -154,7 +155,8 @@ class _Rewards:
 
 
 def _rewards(config, setup, doms, rc: RLConfig) -> _Rewards:
-  out = _Rewards(verifier_rewards)
+  out = _Rewards(functools.partial(verifier_rewards, passed=True)
+                 if rc.verifier_reward == 'passed' else verifier_rewards)
   if config.get('reward_model'):
     path = setup.path(config.reward_model)
     out.model = out.fn = reward_model.load(path, setup=setup,
