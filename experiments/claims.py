@@ -61,6 +61,18 @@ def verdict_fewer_steps_to_teacher(rule: dict, m: dict) -> str:
   return 'holds' if faster else 'no'
 
 
+def verdict_up_in_seeds(rule: dict, m: dict) -> str:
+  """The change up beyond threshold x its SE in at least rule['in_seeds']
+  of the seeds: 'holds'; in some: 'partly'; in none: 'no'."""
+  changes = m['changes']
+  if len(changes) < rule['seeds']:
+    return f"open ({len(changes)} of {rule['seeds']} seeds)"
+  ups = sum(c['change'] > rule['threshold'] * c['se'] for c in changes)
+  if ups >= rule['in_seeds']:
+    return 'holds'
+  return f'partly ({ups} of {len(changes)} seeds)' if ups else 'no'
+
+
 def verdict_reported(rule: dict, m: dict) -> str:
   """A capability the row reports without deciding a comparison: 'built'
   when the measurement exists, else 'open'."""

@@ -256,10 +256,28 @@ def _forgetting(files):
                     final_vs_sft=final)
 
 
+def _if_rl_reward(files):
+  """IF-RL reruns, the paper's reward ('passed' arm) beside the graded one:
+  the instruction-following change per seed (own domain)."""
+  arms = {}
+  for f in files:
+    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    arms.setdefault(arm, []).append(_row(_load(f), 'instruction_following'))
+  parts = []
+  for arm, rows in sorted(arms.items()):
+    changes = ', '.join(f"{r['change']:+.3f}" for r in rows)
+    ups = sum(r['change'] > 2 * r['se'] for r in rows)
+    parts.append(f'{arm}: IF {changes} ({len(rows)} seeds, {ups} up beyond '
+                 '2 paired SE)')
+  text = '; '.join(parts)
+  return text, dict(changes=[dict(change=r['change'], se=r['se'])
+                             for r in arms.get('if_rl_passed', [])])
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
-    forgetting=_forgetting)
+    forgetting=_forgetting, if_rl_reward=_if_rl_reward)
 
 
 def _provenance(files: list[str]) -> str:

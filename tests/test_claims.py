@@ -49,6 +49,15 @@ def test_verdict_fewer_steps_to_teacher_is_the_rule_of_e7a9e0d():
   assert v(arm(0, None), arm(0, None)) == 'no'
 
 
+def test_verdict_up_in_seeds():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2)
+  v = lambda cs: claims.verdict_up_in_seeds(rule, dict(changes=cs))
+  assert v([_c(0.05), _c(0.03), _c(0.0)]) == 'holds'
+  assert v([_c(0.05), _c(0.02), _c(0.0)]) == 'partly (1 of 3 seeds)'
+  assert v([_c(-0.05)] * 3) == 'no'
+  assert v([_c(0.05)]) == 'open (1 of 3 seeds)'
+
+
 def test_verdict_reported():
   assert claims.verdict_reported({}, dict(n=256)) == 'built'
   assert claims.verdict_reported({}, dict(n=0)) == 'open'
@@ -121,8 +130,9 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   rules = claims.load_rules()
   assert len(rules) >= 8
   assert rules['3_mopd_vs_grpo']['rule']['verdict'] == 'fewer_steps_to_teacher'
-  # The forgetting rule is registered before its runs: not post hoc.
+  # The forgetting and IF-RL rules are registered before their runs.
   assert 'post_hoc' not in rules['8_forgetting']
+  assert 'post_hoc' not in rules['9_if_rl_reward']
 
 
 # ----------------------------------------------------------- history
@@ -229,3 +239,62 @@ def test_a_malformed_rule_file_is_named(repo):
 def test_history_is_unavailable_outside_git(tmp_path):
   os.makedirs(tmp_path / 'docs' / 'claims')
   assert claims.history_available(str(tmp_path)) == 'not a git checkout'
+
+
+# ------------------------------------------- measures on synthetic files
+
+def _scores(rates):
+  """{domain: score} with 40 prompts whose pass rates average `rate`."""
+  out = {}
+  for d, rate in rates.items():
+    k = round(rate * 40)
+    out[d] = dict(pass_rate=k / 40, pass_se=0.05,
+                  prompt_pass={str(i): float(i < k) for i in range(40)})
+  return out
+
+
+def _report(tmp_path, name, math_after):
+  stages = [
+      dict(name='sft', kind='sft', init_from='', domains=[],
+           scores=_scores(dict(math=0.5, instruction_following=0.2))),
+      dict(name='if_rl', kind='grpo', init_from='sft', branch=False,
+           domains=['instruction_following'],
+           scores=_scores(dict(math=math_after, instruction_following=0.4))),
+  ]
+  path = tmp_path / name / 'report.json'
+  path.parent.mkdir(parents=True)
+  path.write_text(json.dumps(dict(stages=stages)))
+  return str(path)
+
+
+def test_the_forgetting_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['8_forgetting']
+  files = [_report(tmp_path, f's{i}', m) for i, m in enumerate((0.2, 0.2))]
+  text, m = status.MEASURES['forgetting'](files)
+  assert m['seeds'] == 2 and list(m['stage_drops']) == ['if_rl math']
+  assert m['stage_drops']['if_rl math'][0]['change'] == pytest.approx(-0.3)
+  assert 'if_rl math -0.300 (2)' in text, text
+  assert claims.verdict(rule, m) == 'open (2 of 3 seeds)'
+  files.append(_report(tmp_path, 's2', 0.5))
+  _, m = status.MEASURES['forgetting'](files)
+  # The last stage (if_rl) ends math below SFT in 2 of 3 seeds.
+  assert claims.verdict(rule, m) == 'no: below SFT at the end in math'
+
+
+def test_the_if_rl_measure_decides_on_the_passed_arm(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['9_if_rl_reward']
+  files = []
+  for arm, changes in (('if_rl_passed', (0.1, 0.08, 0.0)),
+                       ('if_rl_graded', (0.0, 0.0, 0.0))):
+    for s, ch in enumerate(changes):
+      path = tmp_path / arm / f'seed{s}' / 'rerun.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(rows=[dict(
+          domain='instruction_following', before=0.2, after=0.2 + ch,
+          change=ch, se=0.02)])))
+      files.append(str(path))
+  text, m = status.MEASURES['if_rl_reward'](files)
+  assert 'if_rl_passed: IF +0.100, +0.080, +0.000 (3 seeds, 2 up' in text
+  assert claims.verdict(rule, m) == 'holds'
