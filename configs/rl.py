@@ -23,8 +23,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.update(train.placement_defaults())
   c.init_from = ''                   # a run directory (SFT or an RL stage)
   c.data = ml_collections.ConfigDict(dict(
-      domain='math', n_train=4096, levels=(1, 2, 3), split_by='prompt'))
+      domain='math', n_train=4096, levels=(1, 2, 3), split_by='prompt',
+      files='', eval_files=''))
   # data.domain may list several domains, comma-separated (a mixed stage).
+  # domain=nemo_gym trains on NeMo-Gym RL rows: data.files (comma-separated
+  # JSONL), data.eval_files (else a held-out share of the prompts); see
+  # cascade_jax/domains/nemo_gym_rl.py.
   # rl: see cascade_jax/rl/_config.py. updates_per_batch: optimizer steps
   # per batch (1: strictly on-policy); micro_batches: each step's gradient
   # accumulated over that many parts of the batch (the same objective; what

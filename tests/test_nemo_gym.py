@@ -195,3 +195,82 @@ def test_outputs_match_as_livecodebench(want, got, ok):
 def test_last_fenced_block():
   assert nemo_gym.last_fenced_block('```python\na\n```\nx\n```\nb\n```') == 'b'
   assert nemo_gym.last_fenced_block('no code') == ''
+
+
+# ------------------------------------------------ rows as an RL domain
+
+def test_rows_as_a_domain_split_by_prompt_and_verify_as_verify_does():
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from cascade_jax import domains  # pylint: disable=g-import-not-at-top
+  from cascade_jax.sandbox import Sandbox  # pylint: disable=g-import-not-at-top
+  files = f'{ROLLOUTS},{IF_ROWS}'
+  train = domains.generate('nemo_gym', split='train', n=100, seed=0,
+                           files=files, eval_fraction=0.3)
+  ev = domains.generate('nemo_gym', split='eval', n=100, seed=0, files=files,
+                        eval_fraction=0.3)
+  # Every prompt once (two of the IF file's rollouts share theirs), train
+  # and eval disjoint, the same each run.
+  rows = nemo_gym.read_rows(ROLLOUTS) + nemo_gym.read_rows(IF_ROWS)
+  prompts = {json.dumps(r.messages, sort_keys=True) for r in rows}
+  assert len(train) + len(ev) == len(prompts)
+  assert ev and train and not {r['id'] for r in train} & {r['id'] for r in ev}
+  assert train == domains.generate('nemo_gym', split='train', n=100, seed=0,
+                                   files=files, eval_fraction=0.3)
+  assert len(domains.generate('nemo_gym', split='train', n=3, seed=0,
+                              files=files, eval_fraction=0.3)) == 3
+  for r in train + ev:
+    domains.validate(r)
+  # The rollouts' own responses, scored by the domain: verify's verdicts.
+  recs = [domains.nemo_gym_rl.record(r) for r in nemo_gym.read_rows(ROLLOUTS)]
+  texts = [nemo_gym.response_text(r) for r in nemo_gym.read_rows(ROLLOUTS)]
+  box = Sandbox(dataclasses.replace(nemo_gym.TEST_LIMITS, wall_seconds=1.0,
+                                    cpu_seconds=1))
+  scores = domains.get('nemo_gym').verify(recs, texts, sandbox=box)
+  assert [s.reward for s in scores] == WANT
+  assert [s.passed for s in scores] == [bool(w) for w in WANT]
+
+
+def test_rows_as_a_domain_refuse_bad_options(tmp_path):
+  from cascade_jax import domains  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match='data.files names no file'):
+    domains.generate('nemo_gym', split='train', n=4, seed=0)
+  bad = tmp_path / 'if.jsonl'
+  row = json.loads(open(IF_ROWS).readline())
+  row['instruction_id_list'] = ['count:lowercase_counting']
+  row.pop('verifier_metadata', None)
+  row['kwargs'] = [{}]
+  bad.write_text(json.dumps(row) + '\n')
+  with pytest.raises(nemo_gym.RowError, match='count:lowercase_counting'):
+    domains.generate('nemo_gym', split='train', n=4, seed=0, files=str(bad))
+  assert 'nemo_gym' not in domains.names()     # not a generated domain
+
+
+@pytest.mark.slow
+def test_an_rl_stage_trains_on_nemo_gym_rows(tmp_path):
+  # A quick SFT, then GRPO on the fixture's math and code prompts (the
+  # quick config but for the data), evaluated on the instruction-following
+  # rows (eval_files): steps run, rewards come from the rows' verifiers.
+  from cascade_jax import rl  # pylint: disable=g-import-not-at-top
+  from cascade_jax import sft  # pylint: disable=g-import-not-at-top
+  from configs import rl as rl_config  # pylint: disable=g-import-not-at-top
+  from configs import sft as sft_config  # pylint: disable=g-import-not-at-top
+  s = sft_config.get_config('quick')
+  s.steps, s.eval_n = 4, 0
+  sft.run(s, str(tmp_path / 'sft'))
+  c = rl_config.get_config('quick')
+  c.init_from = str(tmp_path / 'sft')
+  c.data.domain, c.data.files, c.data.eval_files = 'nemo_gym', ROLLOUTS, IF_ROWS
+  c.rl.dynamic_filtering, c.steps, c.eval_n = False, 2, 4
+  scores = rl.run(c, str(tmp_path / 'rl'))
+  # 3 prompts (two of the 4 rows share one), each instruction a check.
+  assert set(scores) == {'nemo_gym'} and scores['nemo_gym'].n == 3
+  assert set(dict(scores['nemo_gym'].by_check)) == {
+      'length_constraints:number_words', 'punctuation:no_comma',
+      'change_case:english_lowercase', 'length_constraints:number_sentences',
+      'startend:end_checker'}
+  rows = [json.loads(l) for l in open(tmp_path / 'rl' / 'rl_metrics.jsonl')]
+  steps = [r for r in rows if 'reward_mean' in r]
+  assert [r['step'] for r in steps] == [1, 2]
+  c.data.domain, c.data.eval_files = 'math', ''
+  with pytest.raises(ValueError, match="read by the 'nemo_gym' domain"):
+    rl.run(c, str(tmp_path / 'rl2'))

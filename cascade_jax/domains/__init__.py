@@ -9,6 +9,7 @@ from cascade_jax.domains import instruction_following
 from cascade_jax.domains import long_context
 from cascade_jax.domains import math
 from cascade_jax.domains import multi_domain
+from cascade_jax.domains import nemo_gym_rl
 from cascade_jax.domains import preference
 from cascade_jax.domains import swe
 from cascade_jax.domains import swe_agent
@@ -46,6 +47,7 @@ _ALL = (
     swe_agent.DOMAIN,
     tool_use.DOMAIN,
     preference.DOMAIN,
+    nemo_gym_rl.DOMAIN,
 )
 for _d in _ALL:
   register(_d)

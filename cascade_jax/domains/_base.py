@@ -47,6 +47,9 @@ class Domain:
   env: Callable[..., Any] | None = None
   # Its episodes' default limits (rollout.EpisodeConfig's fields).
   episode_limits: dict = dataclasses.field(default_factory=dict)
+  # Its records come from files the user names (generate's `files`), not
+  # from a generator: left out of `names()` unless asked for.
+  from_files: bool = False
 
 
 def episode_only(name: str) -> Verifier:
@@ -75,8 +78,10 @@ def get(name: str) -> Domain:
   return _REGISTRY[name]
 
 
-def names() -> list[str]:
-  return sorted(_REGISTRY)
+def names(*, from_files: bool = False) -> list[str]:
+  """The generated domains' names (and those that read files, if asked)."""
+  return sorted(k for k, d in _REGISTRY.items() if from_files or
+                not d.from_files)
 
 
 # -------------------------------------------------------------- sampling

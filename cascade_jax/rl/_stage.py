@@ -129,7 +129,14 @@ def _stage_data(config) -> _Data:
   if unknown:
     raise ValueError(f'rl stage: data.per_domain names {unknown}, which are '
                      f'not among the stage\'s domains {doms}')
-  opts = {d: {**gen, **per_domain.get(d, {})} for d in doms}
+  # Files of rows (NeMo-Gym's): options of the row-reading domain only.
+  files = {k: gen.pop(k) for k in ('files', 'eval_files') if k in gen}
+  if any(files.values()) and domains.nemo_gym_rl.NAME not in doms:
+    raise ValueError(f"rl stage: data.files / data.eval_files are read by the "
+                     f"'{domains.nemo_gym_rl.NAME}' domain, which is not among "
+                     f'the stage\'s domains {doms}')
+  opts = {d: {**gen, **(files if d == domains.nemo_gym_rl.NAME else {}),
+              **per_domain.get(d, {})} for d in doms}
   stream = PromptStream([r for d in doms for r in domains.generate(
       d, split='train', n=n_train // len(doms), seed=config.seed, **opts[d])],
                         seed=config.seed)

@@ -1,0 +1,134 @@
+"""NeMo-Gym rows as an RL domain: the public RL set's prompts trained on, each verified as `experiments.verify` verifies a rollout.
+
+  python -m experiments.rl --config=configs/rl.py --config.data.domain=nemo_gym \
+      --config.data.files=math.jsonl,code.jsonl [--config.data.eval_files=held.jsonl]
+
+Rows are read and checked by `nemo_gym.read_rows` (a malformed row names its
+file, line and field); a row becomes a record `{id, domain: 'nemo_gym',
+messages, kind, source, <the verifier's fields>}`, its id a hash of its
+prompt messages. Without `eval_files`, `eval_fraction` of the prompts (split
+by that hash, the same split in every run) is held out for evaluation.
+Rows of instruction following whose instructions cannot be checked here
+(`_if_registry.unknown_ids`) are refused, named, before training. The
+generated domains' `levels` have no meaning for these rows and are ignored.
+
+Rewards, per row kind (as `nemo_gym.verify_rows`):
+- math: math-verify's verdict against `expected_answer` (1 / 0);
+- code: the last fenced block passes every unit test in the sandbox (1 / 0;
+  `nemo_gym.TEST_LIMITS` a test), run in parallel across responses;
+- instruction following: the share of instructions followed under grading
+  mode 'fraction', else 1 only when all are; `passed` means all, and each
+  instruction is a named check (`DomainScore.by_check`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import hashlib
+import json
+import os
+import random
+import threading
+
+from cascade_jax.domains import _base
+from cascade_jax.domains import _if_registry
+from cascade_jax.domains import nemo_gym
+from cascade_jax.sandbox import Sandbox
+
+NAME = 'nemo_gym'
+_LOCK = threading.Lock()
+_SANDBOX: Sandbox | None = None
+
+
+def record(row: nemo_gym.Row) -> dict:
+  """A row as a record of this domain."""
+  key = json.dumps(row.messages, sort_keys=True)
+  return dict(id=hashlib.sha256(key.encode()).hexdigest()[:16], domain=NAME,
+              messages=row.messages, kind=row.kind, source=row.where,
+              **row.fields)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(files: str) -> tuple[dict, ...]:
+  """The records of comma-separated JSONL files, checked, in file order;
+  a prompt seen before is kept once."""
+  paths = [p.strip() for p in files.split(',') if p.strip()]
+  if not paths:
+    raise ValueError(f'{NAME}: data.files names no file (comma-separated '
+                     'NeMo-Gym JSONL files)')
+  out, seen = [], set()
+  for path in paths:
+    for row in nemo_gym.read_rows(os.path.expanduser(path)):
+      if row.kind == 'instruction_following':
+        bad = _if_registry.unknown_ids(row.fields['instruction_id_list'])
+        if bad:
+          raise nemo_gym.RowError(
+              f'{row.where}: instructions that cannot be checked here: {bad}')
+      rec = record(row)
+      if rec['id'] not in seen:
+        seen.add(rec['id'])
+        out.append(rec)
+  return tuple(out)
+
+
+def generate(*, split: str, n: int, seed: int, files: str = '',
+             eval_files: str = '', eval_fraction: float = 0.1,
+             levels=None, split_by: str = 'prompt') -> list[dict]:
+  """Up to n records of a split (all of it when n is larger), in an order
+  drawn with seed."""
+  del levels, split_by        # the rows have no levels; split by prompt
+  if split not in ('train', 'eval'):
+    raise ValueError(f"{NAME}: split must be 'train' or 'eval', got {split!r}")
+  if split == 'eval' and eval_files:
+    recs = list(_read(eval_files))
+  else:
+    recs = [r for r in _read(files) if eval_files or
+            _base.split_of(r['id'], eval_fraction) == split]
+  if not recs:
+    raise ValueError(f'{NAME}: no {split} rows in {eval_files or files} '
+                     f'(eval_fraction={eval_fraction})')
+  random.Random(seed).shuffle(recs)
+  return [dict(r) for r in recs[:n]]
+
+
+def _sandbox() -> Sandbox:
+  global _SANDBOX
+  with _LOCK:
+    if _SANDBOX is None:
+      _SANDBOX = Sandbox(nemo_gym.TEST_LIMITS)
+    return _SANDBOX
+
+
+def verify(records, responses, *, sandbox=None) -> list[_base.Score]:
+  out: list[_base.Score | None] = [None] * len(records)
+  code = [i for i, r in enumerate(records) if r['kind'] == 'code']
+  box = (sandbox or _sandbox()) if code else None
+  workers = max(1, min(len(code), box.workers if box else 1))
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    futures = {pool.submit(nemo_gym.code_reward, records[i]['inputs'],
+                           records[i]['outputs'], responses[i], box): i
+               for i in code}
+    # math-verify's time limit is SIGALRM's: on this (the main) thread.
+    for i, (r, text) in enumerate(zip(records, responses, strict=True)):
+      if r['kind'] == 'math':
+        reward, details = nemo_gym.math_reward(r['expected_answer'], text)
+        out[i] = _base.Score(reward, reward == 1.0, details)
+      elif r['kind'] == 'instruction_following':
+        reward, details, fol = nemo_gym.if_reward(r, text)
+        ok = fol['follow_instruction_list']
+        out[i] = _base.Score(reward, all(ok), dict(
+            details, checks=list(zip(r['instruction_id_list'], ok))))
+      elif r['kind'] != 'code':
+        raise ValueError(f"{NAME}: record {r['id']} has kind {r['kind']!r}")
+    for f in concurrent.futures.as_completed(futures):
+      reward, details = f.result()
+      out[futures[f]] = _base.Score(reward, reward == 1.0, details)
+  return out  # type: ignore[return-value]
+
+
+DOMAIN = _base.Domain(
+    name=NAME, generate=generate, verify=verify,
+    required_fields=('kind',), needs_sandbox=True, from_files=True,
+    description='NeMo-Gym RL rows (math, code, instruction following) from '
+                'data.files')
