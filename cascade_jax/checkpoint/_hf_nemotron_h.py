@@ -64,6 +64,19 @@ def _pattern(hf: dict[str, Any]) -> str:
   return pattern
 
 
+def _dt_floor(hf: dict) -> float:
+  """dt's clamp: `time_step_limit` (NVIDIA's and transformers' >= 5.25
+  default (0, inf): no clamp; `time_step_min` only sets dt_bias's init).
+  transformers < 5.25 clamped dt at time_step_min instead."""
+  # transformers writes a non-finite float as {"__float__": "Infinity"}.
+  num = lambda v: float(v['__float__'] if isinstance(v, dict) else v)
+  lo, hi = map(num, hf.get('time_step_limit') or (0.0, float('inf')))
+  if hi != float('inf'):
+    raise ValueError(f'nemotron_h: time_step_limit={[lo, hi]} has an upper '
+                     'bound; only [lo, inf] is supported')
+  return lo
+
+
 def config_from_hf_nemotron_h(hf: dict[str, Any], *, dtype: str = 'float32',
                               dispatch: str = 'ragged') -> ModelConfig:
   """Maps a Nemotron-H config.json to ModelConfig; what we cannot build is named."""
@@ -107,7 +120,7 @@ def config_from_hf_nemotron_h(hf: dict[str, Any], *, dtype: str = 'float32',
         conv_kernel=hf.get('conv_kernel', 4),
         chunk_size=hf.get('chunk_size', 128),
         conv_bias=bool(hf.get('use_conv_bias', True)),
-        dt_min=float(hf.get('time_step_min', 0.001)),
+        dt_min=_dt_floor(hf),
         dt_init_min=float(hf.get('time_step_min', 0.001)),
         dt_init_max=float(hf.get('time_step_max', 0.1)))
   return ModelConfig(
@@ -281,8 +294,8 @@ def hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
               ssm_state_size=mb.state_dim, n_groups=mb.num_groups,
               conv_kernel=mb.conv_kernel, chunk_size=mb.chunk_size,
               use_conv_bias=mb.conv_bias, mamba_hidden_act='silu',
-              time_step_min=mb.dt_min or mb.dt_init_min,
-              time_step_max=mb.dt_init_max,
+              time_step_min=mb.dt_init_min, time_step_max=mb.dt_init_max,
+              time_step_limit=[mb.dt_min, float('inf')],
               expand=max(1, mb.num_heads * mb.head_dim // cfg.embed_dim),
               mamba_ssm_cache_dtype='float32')
   return hf

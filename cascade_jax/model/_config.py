@@ -77,8 +77,8 @@ class MambaConfig:
   chunk_size: int = 128            # SSD chunk (training, prefill)
   conv_bias: bool = True
   # dt = max(softplus(dt + dt_bias), dt_min), in the chunked scan and in the
-  # one-token step alike (transformers clamps in the first only; see
-  # cascade_jax/model/_mamba.py). 0 disables the clamp.
+  # one-token step alike. 0 disables the clamp (Nemotron-H checkpoints:
+  # their time_step_limit is (0, inf)).
   dt_min: float = 0.001
   dt_init_min: float = 0.001       # dt_bias init: dt log-uniform in this range
   dt_init_max: float = 0.1
@@ -274,8 +274,10 @@ def nemotron3_nano_30b_a3b(**kw) -> ModelConfig:
                     routed_scale=2.5, use_expert_bias=True,
                     seq_aux_loss_coef=1e-4, num_shared_experts=1,
                     shared_expert_dim=3712, dispatch='ragged'),
+      # dt unclamped: its time_step_limit is (0, inf).
       mamba=MambaConfig(num_heads=64, head_dim=64, state_dim=128,
-                        num_groups=8, conv_kernel=4, chunk_size=128))
+                        num_groups=8, conv_kernel=4, chunk_size=128,
+                        dt_min=0.0))
   return ModelConfig(**{**base, **kw})
 
 
