@@ -81,8 +81,7 @@ def main(argv):
     f.write(c.to_json_best_effort(indent=2))
   meta, t0 = utils.provenance(), time.perf_counter()
   base = c.base
-  gen = {k: v for k, v in base.data.to_dict().items()
-         if k not in ('domain', 'n_train')}
+  gen = rl.domain_options(base.data.to_dict(), c.domain)
   _, teacher, tok = train.restore_run(c.teacher)
   seeds = [int(s) for s in c.seeds]
   runs = {}

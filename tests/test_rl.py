@@ -520,3 +520,13 @@ def test_model_spec_follows_init_from(tmp_path):
   (tmp_path / 'sft' / 'config.json').write_text('{}')
   with pytest.raises(ValueError, match='names no model'):
     train_lib.model_spec(str(tmp_path / 'rl'))
+
+
+def test_domain_options_give_row_files_to_the_row_domain_only():
+  data = dict(domain='math,nemo_gym', n_train=64, levels=(1, 2),
+              split_by='prompt', files='a.jsonl', eval_files='',
+              per_domain={'math': {'levels': (3,)}})
+  assert rl.domain_options(data, 'math') == dict(levels=(3,),
+                                                 split_by='prompt')
+  assert rl.domain_options(data, 'nemo_gym') == dict(
+      levels=(1, 2), split_by='prompt', files='a.jsonl', eval_files='')

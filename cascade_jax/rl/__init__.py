@@ -29,6 +29,7 @@ from cascade_jax.rl._learner import Learner
 from cascade_jax.rl._learner import load_teachers
 from cascade_jax.rl._learner import teacher_rows
 from cascade_jax.rl._learner import update
+from cascade_jax.rl._stage import domain_options
 from cascade_jax.rl._stage import run
 from cascade_jax.rl._sync import inference_layout
 from cascade_jax.rl._sync import sampler_ctx

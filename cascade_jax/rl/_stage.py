@@ -118,25 +118,34 @@ class _Data:
   evals: dict[str, list[dict]]
 
 
+def domain_options(data: dict, domain: str) -> dict:
+  """`domains.generate`'s options for one of a stage's domains, from the
+  stage's data config: its shared options, the row files for the domain
+  that reads them, then `per_domain.<domain>` over them."""
+  files = ('files', 'eval_files')
+  out = {k: v for k, v in data.items()
+         if k not in ('domain', 'n_train', 'per_domain') + files}
+  if domain == domains.nemo_gym_rl.NAME:
+    out.update({k: data[k] for k in files if k in data})
+  return {**out, **((data.get('per_domain') or {}).get(domain) or {})}
+
+
 def _stage_data(config) -> _Data:
   """The stage's prompt stream (its domains' train splits, one shuffled
   stream) and eval sets; `data.per_domain.<name>` options over the rest."""
-  gen = dict(config.data.to_dict())
-  doms = [d.strip() for d in gen.pop('domain').split(',') if d.strip()]
-  n_train = gen.pop('n_train')
-  per_domain = gen.pop('per_domain', {}) or {}
-  unknown = sorted(set(per_domain) - set(doms))
+  data = config.data.to_dict()
+  doms = [d.strip() for d in data['domain'].split(',') if d.strip()]
+  unknown = sorted(set(data.get('per_domain') or {}) - set(doms))
   if unknown:
     raise ValueError(f'rl stage: data.per_domain names {unknown}, which are '
                      f'not among the stage\'s domains {doms}')
-  # Files of rows (NeMo-Gym's): options of the row-reading domain only.
-  files = {k: gen.pop(k) for k in ('files', 'eval_files') if k in gen}
-  if any(files.values()) and domains.nemo_gym_rl.NAME not in doms:
+  if ((data.get('files') or data.get('eval_files')) and
+      domains.nemo_gym_rl.NAME not in doms):
     raise ValueError(f"rl stage: data.files / data.eval_files are read by the "
                      f"'{domains.nemo_gym_rl.NAME}' domain, which is not among "
                      f'the stage\'s domains {doms}')
-  opts = {d: {**gen, **(files if d == domains.nemo_gym_rl.NAME else {}),
-              **per_domain.get(d, {})} for d in doms}
+  n_train = data['n_train']
+  opts = {d: domain_options(data, d) for d in doms}
   stream = PromptStream([r for d in doms for r in domains.generate(
       d, split='train', n=n_train // len(doms), seed=config.seed, **opts[d])],
                         seed=config.seed)
