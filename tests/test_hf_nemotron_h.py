@@ -199,3 +199,17 @@ def test_wrong_shape_and_unknown_kind_are_named(hf_dir, tmp_path):
   (bad / 'config.json').write_text(json.dumps({**cfg, 'mamba_num_heads': 3}))
   with pytest.raises(ValueError, match='mamba.num_groups'):
     checkpoint.load_hf_nemotron_h(str(bad))
+
+
+def test_dt_is_clamped_by_time_step_limit_not_time_step_min(hf_dir):
+  # NVIDIA's checkpoints (and transformers >= 5.25) clamp dt by
+  # time_step_limit, (0, inf); time_step_min only bounds dt_bias's init.
+  path, _ = hf_dir
+  hf = json.load(open(os.path.join(path, 'config.json')))
+  assert hf['time_step_min'] == 0.001
+  assert checkpoint.config_from_hf_nemotron_h(hf).mamba.dt_min == 0.0
+  hf['time_step_limit'] = [0.01, {'__float__': 'Infinity'}]
+  assert checkpoint.config_from_hf_nemotron_h(hf).mamba.dt_min == 0.01
+  hf['time_step_limit'] = [0.0, 0.5]
+  with pytest.raises(ValueError, match='time_step_limit'):
+    checkpoint.config_from_hf_nemotron_h(hf)
