@@ -232,8 +232,9 @@ def check_history(root: str = ROOT,
   for cid, r in rules.items():
     rel = os.path.join(RULES, f'{cid}.json')
     at = _rule_commit(root, rel)
+    files = result_files(r, root)
     late = []
-    for f in result_files(r, root):
+    for f in files:
       added = _added_at(root, f)
       if added is None:        # results not committed yet: made after the rule
         if at in (None, 'uncommitted'):
@@ -245,11 +246,11 @@ def check_history(root: str = ROOT,
     if late and not r.get('post_hoc'):
       problems.append(f'{rel}: its rule was not committed before its '
                       f'results: {"; ".join(late)}')
-    if not late and r.get('post_hoc') and result_files(r, root):
+    if not late and r.get('post_hoc') and files:
       problems.append(f'{rel}: marked post_hoc, but its rule was committed '
                       'before every result: drop post_hoc')
     if not r.get('post_hoc'):
-      for f in result_files(r, root):
+      for f in files:
         if f.endswith('.json') and _dirty(os.path.join(root, f)):
           problems.append(f'{f}: made from a dirty tree (rule {cid})')
   return problems
