@@ -155,14 +155,14 @@ def test_instruction_ids_that_cannot_be_checked_are_refused_by_name(
     tmp_path):
   row = json.loads(open(IF_ROWS).readline())
   row['verifier_metadata']['instruction_id_list'][1] = (
-      'count:lowercase_counting')           # an IF-RLVR training id
+      'detectable_format:rephrase')   # commented out of every registry
   path = _bad_file(tmp_path, [json.loads(open(IF_ROWS).readline()), row])
   out = tmp_path / 'out.jsonl'
   res = _verify(path, out)
   assert res.returncode != 0 and not out.exists()
   assert (f"{path}:2 (and 0 more rows): instructions that cannot be checked "
-          "here: {'count:lowercase_counting': 'not in the IFEval or IFBench "
-          "registry'}") in res.stderr, res.stderr[-2000:]
+          "here: {'detectable_format:rephrase': 'not in the IFEval, IFBench "
+          "or IF-RLVR registry'}") in res.stderr, res.stderr[-2000:]
 
 
 def test_response_text_reads_output_text_and_skips_reasoning():
@@ -240,7 +240,9 @@ def test_rows_as_a_domain_refuse_bad_options(tmp_path):
   row.pop('verifier_metadata', None)
   row['kwargs'] = [{}]
   bad.write_text(json.dumps(row) + '\n')
-  with pytest.raises(nemo_gym.RowError, match='count:lowercase_counting'):
+  # An IF-RLVR id whose kwargs lack its bound: refused before training.
+  with pytest.raises(nemo_gym.RowError,
+                     match=r"count:lowercase_counting.*lack \['N'\]"):
     domains.generate('nemo_gym', split='train', n=4, seed=0, files=str(bad))
   assert 'nemo_gym' not in domains.names()     # not a generated domain
 

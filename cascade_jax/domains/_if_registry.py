@@ -1,6 +1,8 @@
-"""The IFEval and IFBench instruction checkers (the `if-verifiable` package's registries), run offline.
+"""The instruction checkers of IFEval, IFBench and IF-RLVR, run offline.
 
-The checkers are the package's (IFEval's 25 instructions, IFBench's 58). A
+IFEval's 25 instructions and IFBench's 58 are the `if-verifiable`
+package's; IF-RLVR's 29 training instructions (the public RL set uses them)
+are written here from their published definitions (`_if_rlvr`). A
 few need nltk data (punkt, punkt_tab, stopwords, a POS tagger) that no
 package on the index carries and that cannot be downloaded at run time
 here. Where the data is installed (`nltk.download` done beforehand, or
@@ -12,9 +14,9 @@ NLTK_DATA) the reference path runs unchanged; where it is not:
   ("Dr. Smith" is two sentences untrained);
 - word tokenising (`nltk.word_tokenize`: IFEval
   `change_case:capital_word_frequency`, IFBench `format:title_case`,
-  `words:words_position`, `words:keywords_specific_position`) uses nltk's
-  own word tokenizer over those sentences: the same tokens but where the
-  sentence split differs;
+  `words:words_position`, `words:keywords_specific_position`, and IF-RLVR's
+  `_if_rlvr.TOKENISED`) uses nltk's own word tokenizer over those
+  sentences: the same tokens but where the sentence split differs;
 - `ratio:stop_words` (stopword list) and `words:start_verb` (POS tagger)
   cannot run: rows that need them are refused, named (`UNAVAILABLE`).
 
@@ -28,6 +30,8 @@ import functools
 import types
 from collections.abc import Sequence
 
+from cascade_jax.domains import _if_rlvr
+
 # Instruction id -> why it cannot run here (filled by `registry`).
 UNAVAILABLE: dict[str, str] = {}
 # Instruction id -> how it differs from the reference here.
@@ -35,7 +39,8 @@ DIFFERS: dict[str, str] = {}
 
 _SENTENCES = ('length_constraints:number_sentences',)
 _WORDS = ('change_case:capital_word_frequency', 'format:title_case',
-          'words:words_position', 'words:keywords_specific_position')
+          'words:words_position', 'words:keywords_specific_position',
+          *_if_rlvr.TOKENISED)
 
 
 def _has(nltk, resource: str) -> bool:
@@ -48,7 +53,7 @@ def _has(nltk, resource: str) -> bool:
 
 @functools.cache
 def registry() -> dict[str, type]:
-  """Instruction id -> checker class, IFEval's and IFBench's."""
+  """Instruction id -> checker class: IFEval's, IFBench's and IF-RLVR's."""
   import nltk  # pylint: disable=g-import-not-at-top
   download = nltk.download
   nltk.download = lambda *a, **k: False     # never the network at run time
@@ -96,33 +101,49 @@ def registry() -> dict[str, type]:
     UNAVAILABLE['ratio:stop_words'] = 'needs nltk stopwords (not installed)'
   if not _has(nltk, 'taggers/averaged_perceptron_tagger_eng'):
     UNAVAILABLE['words:start_verb'] = 'needs nltk POS tagger (not installed)'
-  return {**ifbench.INSTRUCTION_DICT, **ifeval.INSTRUCTION_DICT}
+  rlvr = {i: _if_rlvr.Checker for i in _if_rlvr.CHECKS}
+  rlvr.update({i: ifeval.INSTRUCTION_DICT[j]
+               for i, j in _if_rlvr.ALIASES.items()})
+  return {**ifbench.INSTRUCTION_DICT, **ifeval.INSTRUCTION_DICT, **rlvr}
 
 
-def unknown_ids(ids: Sequence[str]) -> dict[str, str]:
-  """The ids among `ids` that cannot be checked here, with why."""
+def unknown_ids(ids: Sequence[str],
+                kwargs: Sequence[dict] | None = None) -> dict[str, str]:
+  """The ids among `ids` that cannot be checked here, with why; given the
+  row's `kwargs`, also those whose checker refuses its kwargs."""
   reg = registry()
-  return {i: UNAVAILABLE.get(i, 'not in the IFEval or IFBench registry')
-          for i in ids if i not in reg or i in UNAVAILABLE}
+  bad = {i: UNAVAILABLE.get(i, 'not in the IFEval, IFBench or IF-RLVR '
+                            'registry')
+         for i in ids if i not in reg or i in UNAVAILABLE}
+  for iid, kw in zip(ids, kwargs or (), strict=False):
+    if iid not in bad:
+      try:
+        _build(reg, iid, kw, '')
+      except (ValueError, TypeError, KeyError) as e:
+        bad[iid] = f'bad kwargs: {type(e).__name__}: {e}'[:300]
+  return bad
+
+
+def _build(reg: dict, iid: str, kw: dict | None, prompt: str):
+  """A checker built from its kwargs (nulls dropped) and, where it takes
+  one, the prompt."""
+  checker = reg[iid](iid)
+  checker.build_description(**{k: v for k, v in (kw or {}).items()
+                               if v is not None})
+  args = checker.get_instruction_args()
+  if args and 'prompt' in args:
+    checker.build_description(prompt=prompt)
+  return checker
 
 
 def follows(ids: Sequence[str], kwargs: Sequence[dict], prompt: str,
             response: str) -> list[bool]:
-  """Strict verdicts, one an instruction (IFEval's strict mode): each
-  checker built from its kwargs (nulls dropped) and, where it takes one,
-  the prompt; an empty response follows nothing."""
+  """Strict verdicts, one an instruction (IFEval's strict mode); an empty
+  response follows nothing."""
   reg = registry()
   bad = unknown_ids(ids)
   if bad:
     raise KeyError(f'instructions that cannot be checked here: {bad}')
-  out = []
-  for iid, kw in zip(ids, kwargs, strict=True):
-    checker = reg[iid](iid)
-    checker.build_description(**{k: v for k, v in (kw or {}).items()
-                                 if v is not None})
-    args = checker.get_instruction_args()
-    if args and 'prompt' in args:
-      checker.build_description(prompt=prompt)
-    out.append(bool(response.strip()) and bool(
-        checker.check_following(response)))
-  return out
+  return [bool(response.strip()) and bool(
+      _build(reg, iid, kw, prompt).check_following(response))
+          for iid, kw in zip(ids, kwargs, strict=True)]

@@ -29,13 +29,14 @@ Verification follows the reference implementations:
   1e-6 absolute or relative, integers exactly); the first failing test is
   reported (wrong answer, time limit, runtime error).
 - instruction following: the IFEval and IFBench checkers (the if-verifiable
-  package's registries; `_if_registry` says which run on a fallback for
-  nltk data that is not installed, and which cannot run), strict mode, one
-  verdict an instruction (`follow_instruction_list`, as NeMo-Gym writes
-  it); the reward is the share met with grading_mode 'fraction', else 1
-  only when all are met. Rows with ids outside those registries (the
-  IF-RLVR training ids, e.g. `count:lowercase_counting`) are refused, named,
-  before any work.
+  package's registries) and the IF-RLVR training instructions (written here
+  from their published definitions, `_if_rlvr`; `_if_registry` says which
+  run on a fallback for nltk data that is not installed, and which cannot
+  run), strict mode, one verdict an instruction (`follow_instruction_list`,
+  as NeMo-Gym writes it); the reward is the share met with grading_mode
+  'fraction', else 1 only when all are met. Rows with ids outside those
+  registries, or kwargs their checker refuses, are refused, named, before
+  any work.
 
 Any malformed row is an error naming the file, the line and the field.
 """
@@ -359,7 +360,7 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
   refused before any work, named."""
   refused = [(r, bad) for r in rows if r.kind == 'instruction_following'
              and (bad := _if_registry.unknown_ids(
-                 r.fields['instruction_id_list']))]
+                 r.fields['instruction_id_list'], r.fields['kwargs']))]
   if refused:
     ids = {i: why for _, bad in refused for i, why in bad.items()}
     raise RowError(

@@ -61,7 +61,8 @@ def _read(files: str) -> tuple[dict, ...]:
   for path in paths:
     for row in nemo_gym.read_rows(os.path.expanduser(path)):
       if row.kind == 'instruction_following':
-        bad = _if_registry.unknown_ids(row.fields['instruction_id_list'])
+        bad = _if_registry.unknown_ids(row.fields['instruction_id_list'],
+                                       row.fields['kwargs'])
         if bad:
           raise nemo_gym.RowError(
               f'{row.where}: instructions that cannot be checked here: {bad}')
