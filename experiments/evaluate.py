@@ -3,11 +3,15 @@
   python -m experiments.evaluate --run=runs/cascade/mopd --benchmark=humaneval
   python -m experiments.evaluate --run=RUN --benchmark=humaneval \\
       --samples=10 --k=1,5,10 --temperature=0.8 --limit=20
+  python -m experiments.evaluate --run=RUN --benchmark=ifbench \\
+      [--benchmark_file=IFBench_test.jsonl]
 
 `--samples` responses a problem (greedy when 1; sampled at `--temperature`
 otherwise), scored by the benchmark's own tests in the sandbox; pass@k is
 the unbiased estimator over those samples, averaged over problems, with
-the standard error over problems. The result (`--out`, default
+the standard error over problems (IFBench: a response passes when it
+follows every instruction, strict; the loose mode and the instruction-level
+shares are reported beside it). The result (`--out`, default
 RUN/eval/BENCHMARK.json) records where the benchmark came from (package,
 version, file), the run and its checkpoint step, the settings, each
 problem's correct count and the code's commit. Benchmarks:
@@ -32,6 +36,9 @@ from cascade_jax.sandbox import Sandbox
 _RUN = flags.DEFINE_string('run', None, 'A run directory.', required=True)
 _BENCHMARK = flags.DEFINE_enum('benchmark', None, list(benchmarks.BENCHMARKS),
                                'Which benchmark.', required=True)
+_FILE = flags.DEFINE_string('benchmark_file', '', "The benchmark's data file "
+                            "where no package ships it (IFBench: "
+                            "IFBench_test.jsonl).")
 _SAMPLES = flags.DEFINE_integer('samples', 1, 'Responses a problem.')
 _K = flags.DEFINE_list('k', ['1'], 'pass@k for each k (at most --samples).')
 _TEMPERATURE = flags.DEFINE_float(
@@ -53,13 +60,22 @@ def table(result: dict) -> str:
          f"{result['samples']:>8}" + ''.join(
              f"{result['pass_at_k'][k]['mean']:>10.3f} "
              f"({result['pass_at_k'][k]['se']:.3f})" for k in ks))
-  return head + '\n' + row
+  out = head + '\n' + row
+  if 'instruction_level' in result:
+    il = result['instruction_level']
+    out += (f"\nloose pass@1 {result['prompt_loose']:.3f}; instructions "
+            f"followed: strict {il['strict']:.3f}, loose {il['loose']:.3f} "
+            f"(of {il['n']})")
+  if result['source'].get('skipped'):
+    out += (f"\n{len(result['source']['skipped'])} problems left out "
+            '(instructions that cannot be checked here: see source.skipped)')
+  return out
 
 
 def evaluate(run: str, benchmark: str, *, samples: int = 1,
              ks=(1,), temperature: float | None = None,
              max_new_tokens: int = 512, limit: int = 0, batch_size: int = 64,
-             seed: int = 0) -> dict:
+             seed: int = 0, file: str = '') -> dict:
   ks = sorted({int(k) for k in ks})
   if samples < 1 or max(ks) > samples or min(ks) < 1:
     raise ValueError(f'--k={ks} needs 1 <= k <= --samples ({samples})')
@@ -68,7 +84,7 @@ def evaluate(run: str, benchmark: str, *, samples: int = 1,
   if samples > 1 and temperature == 0.0:
     raise ValueError('several --samples need a --temperature above 0 '
                      '(greedy samples are all the same)')
-  recs, source = benchmarks.load(benchmark, limit=limit or None)
+  recs, source = benchmarks.load(benchmark, limit=limit or None, file=file)
   _, model, tok = train.restore_run(run)
   if tok is None:
     raise ValueError(f'{run} has no tokenizer to write prompts with')
@@ -96,6 +112,15 @@ def evaluate(run: str, benchmark: str, *, samples: int = 1,
   correct = [sum(s.passed for s in scores[j * samples:(j + 1) * samples])
              for j in range(len(recs))]
   pak = benchmarks.pass_at_k_table(correct, samples, ks)
+  extra = {}
+  if scores and 'loose' in scores[0].details:     # instruction following
+    strict = [v for s in scores for v in s.details['strict']]
+    loose = [v for s in scores for v in s.details['loose']]
+    extra = dict(prompt_loose=sum(all(s.details['loose']) for s in scores)
+                 / len(scores),
+                 instruction_level=dict(strict=sum(strict) / len(strict),
+                                        loose=sum(loose) / len(loose),
+                                        n=len(strict)))
   return dict(
       benchmark=benchmark, source=source, run=os.path.abspath(run),
       checkpoint_step=ckpt_step, problems=len(recs), samples=samples,
@@ -106,7 +131,8 @@ def evaluate(run: str, benchmark: str, *, samples: int = 1,
       examples=[dict(id=todo[j]['id'], response=responses[j][:2000],
                      status=scores[j].details.get('status'))
                 for j in range(min(3, len(todo)))],
-      seconds=round(time.time() - t0, 1), provenance=utils.provenance())
+      seconds=round(time.time() - t0, 1), provenance=utils.provenance(),
+      **extra)
 
 
 def main(argv):
@@ -115,7 +141,8 @@ def main(argv):
   result = evaluate(_RUN.value, _BENCHMARK.value, samples=_SAMPLES.value,
                     ks=_K.value, temperature=_TEMPERATURE.value,
                     max_new_tokens=_MAX_NEW.value, limit=_LIMIT.value,
-                    batch_size=_BATCH.value, seed=_SEED.value)
+                    batch_size=_BATCH.value, seed=_SEED.value,
+                    file=_FILE.value)
   out = _OUT.value or os.path.join(_RUN.value, 'eval',
                                    f'{_BENCHMARK.value}.json')
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

