@@ -1,7 +1,10 @@
 """Tokenizer, chat template and the Grain SFT pipeline with packing."""
 
+from cascade_jax.data._array_record import convert_chat_rows
+from cascade_jax.data._array_record import fingerprint as tokenizer_fingerprint
 from cascade_jax.data._chat import encode_conversation
 from cascade_jax.data._chat_rows import ChatRowError
+from cascade_jax.data._chat_rows import iter_chat_rows
 from cascade_jax.data._chat_rows import load_chat_rows
 from cascade_jax.data._chat import encode_example
 from cascade_jax.data._chat import encode_observation
@@ -12,6 +15,7 @@ from cascade_jax.data._hf_tokenizer import HFTokenizer
 from cascade_jax.data._hf_tokenizer import load_hf_tokenizer
 from cascade_jax.data._hf_tokenizer import TemplateError
 from cascade_jax.data._pipeline import build_dataset
+from cascade_jax.data._pipeline import encode_record
 from cascade_jax.data._pipeline import packing_efficiency
 from cascade_jax.data._pipeline import source_records
 from cascade_jax.data._pipeline import SourceReport

@@ -145,17 +145,18 @@ def to_record(row, default_id: str) -> dict:
   return rec
 
 
-def load_chat_rows(path: str, *, on_error: str = 'raise'
-                   ) -> tuple[list[dict], list[tuple[str, str]]]:
-  """SFT records from a chat-messages file, and the rows skipped (where,
-  why) when on_error='skip'."""
+def iter_chat_rows(path: str, *, on_error: str = 'raise',
+                   skipped: list | None = None) -> Iterator[dict]:
+  """The SFT records of a chat-messages file, row by row; rows skipped
+  (on_error='skip') are appended to `skipped` as (where, why)."""
   if on_error not in ('raise', 'skip'):
     raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
   if os.path.splitext(path)[1].lower() not in FORMATS:
     raise ValueError(f'{path}: chat rows are read from {FORMATS} files')
   if not os.path.isfile(path):
     raise FileNotFoundError(f'chat rows file {path} does not exist')
-  out, skipped, ids = [], [], set()
+  skipped = [] if skipped is None else skipped
+  ids = set()
   for n, (where, row) in enumerate(_rows(path), 1):
     try:
       if isinstance(row, ChatRowError):
@@ -169,7 +170,15 @@ def load_chat_rows(path: str, *, on_error: str = 'raise'
       skipped.append((where, str(e)))
       continue
     ids.add(rec['id'])
-    out.append(rec)
+    yield rec
+
+
+def load_chat_rows(path: str, *, on_error: str = 'raise'
+                   ) -> tuple[list[dict], list[tuple[str, str]]]:
+  """SFT records from a chat-messages file, and the rows skipped (where,
+  why) when on_error='skip'."""
+  skipped: list = []
+  out = list(iter_chat_rows(path, on_error=on_error, skipped=skipped))
   if not out:
     raise ChatRowError(f'{path}: no usable rows ({len(skipped)} skipped)')
   return out, skipped

@@ -5,10 +5,12 @@ Sources are a mapping name -> spec, e.g.
   math=dict(weight=2.0, n=4000, levels=(1, 2, 3))        # generated domain
   mine=dict(weight=1.0, jsonl='/data/math.jsonl')         # user records
   sft=dict(weight=3.0, chat='/data/sft/math.parquet')     # chat-messages rows
+  big=dict(weight=3.0, array_record='/data/sft.array_record')  # converted
 
 A generated source is named after its domain (or gives `domain=`). Each
 source is tokenised with the chat template, shuffled, repeated and mixed by
-weight; Grain packs the stream into fixed-length rows with segment ids and
+weight (a converted source, `_array_record`, is tokenised already and read
+by index from its file); Grain packs the stream into fixed-length rows with segment ids and
 per-segment positions, so attention never crosses examples. The pipeline is
 deterministic given its seed, and its iterator state (a small dict) is
 saved with each checkpoint so a resumed run neither replays nor skips data.
@@ -24,6 +26,7 @@ import grain.experimental as grain_exp
 import numpy as np
 
 from cascade_jax import domains
+from cascade_jax.data import _array_record
 from cascade_jax.data._chat import encode_conversation
 from cascade_jax.data._chat import encode_example
 from cascade_jax.data._chat_rows import load_chat_rows
@@ -31,7 +34,7 @@ from cascade_jax.data._tokenizer import Tokenizer
 
 _FIELDS = ('inputs', 'targets', 'mask')
 _SOURCE_KEYS = {'weight', 'n', 'levels', 'domain', 'jsonl', 'chat',
-                'on_error', 'options'}
+                'array_record', 'on_error', 'options'}
 
 
 @dataclasses.dataclass
@@ -50,9 +53,15 @@ def source_records(name: str, spec: Mapping, *, seed: int, split: str = 'train')
   if unknown:
     raise ValueError(f'data source {name!r}: unknown keys {sorted(unknown)}; '
                      f'known: {sorted(_SOURCE_KEYS)}')
-  if 'jsonl' in spec and 'chat' in spec:
-    raise ValueError(f'data source {name!r}: one of jsonl= (records) and '
-                     'chat= (chat-messages rows), not both')
+  given = [k for k in ('jsonl', 'chat', 'array_record') if k in spec]
+  if len(given) > 1:
+    raise ValueError(f'data source {name!r}: one of jsonl= (records), chat= '
+                     '(chat-messages rows) and array_record= (converted '
+                     f'examples), not {given}')
+  if 'array_record' in spec:
+    raise ValueError(f'data source {name!r}: {spec["array_record"]} holds '
+                     'tokenised examples, not records (a tokenizer cannot be '
+                     'trained on it: set tokenizer.path or init_from)')
   if 'chat' in spec:   # the public SFT set's schema, JSONL or Parquet
     recs, skipped = load_chat_rows(spec['chat'],
                                    on_error=spec.get('on_error', 'raise'))
@@ -81,17 +90,13 @@ def tokenize_records(tok: Tokenizer, name: str, records, *, seq_len: int,
   report = SourceReport(name, 0)
   out = []
   for rec in records:
-    turns, resp = rec.get('turns'), rec.get('response')
-    if not turns and (resp is None or not resp.strip()):
+    ex = encode_record(tok, rec, loss_on=loss_on)
+    if ex is None:
       if empty == 'error':
         raise ValueError(f"data source {name!r}: record {rec['id']} has no "
                          "response (set data.empty_response='skip' to skip)")
       report.skipped_empty += 1
       continue
-    # A multi-turn demonstration, or one reply.
-    ex = (encode_conversation(tok, rec['messages'], turns, loss_on=loss_on)
-          if turns else
-          encode_example(tok, rec['messages'], resp, loss_on=loss_on))
     if len(ex['inputs']) > seq_len:
       if too_long == 'error':
         raise ValueError(
@@ -108,6 +113,17 @@ def tokenize_records(tok: Tokenizer, name: str, records, *, seq_len: int,
   return out, report
 
 
+def encode_record(tok: Tokenizer, rec: dict, *, loss_on: str):
+  """A record's tokenised example (a multi-turn demonstration, or one
+  reply), or None when it has no response."""
+  turns, resp = rec.get('turns'), rec.get('response')
+  if turns:
+    return encode_conversation(tok, rec['messages'], turns, loss_on=loss_on)
+  if resp is None or not resp.strip():
+    return None
+  return encode_example(tok, rec['messages'], resp, loss_on=loss_on)
+
+
 def build_dataset(tok: Tokenizer, sources: Mapping[str, Mapping], *,
                   seq_len: int, batch_size: int, seed: int,
                   loss_on: str = 'assistant', too_long: str = 'error',
@@ -121,14 +137,28 @@ def build_dataset(tok: Tokenizer, sources: Mapping[str, Mapping], *,
     raise ValueError('data.sources is empty')
   datasets, weights, reports = [], [], []
   for i, (name, spec) in enumerate(sorted(sources.items())):
-    recs, bad_rows = source_records(name, spec, seed=seed)
-    exs, rep = tokenize_records(tok, name, recs, seq_len=seq_len,
-                                loss_on=loss_on, too_long=too_long,
-                                empty=empty_response)
-    rep.skipped_rows = bad_rows
-    reports.append(rep)
-    datasets.append(grain.MapDataset.source(exs).shuffle(seed=seed + i)
-                    .repeat(None))
+    if 'array_record' in spec:
+      unknown = set(spec) - {'array_record', 'weight'}
+      if unknown:
+        raise ValueError(f'data source {name!r}: {sorted(unknown)} do not '
+                         'apply to a converted (array_record) source')
+      src, meta = _array_record.open_examples(
+          tok, name, spec['array_record'], seq_len=seq_len, loss_on=loss_on)
+      f = meta['files']
+      reports.append(SourceReport(
+          name, meta['examples'], tokens=meta['tokens'],
+          skipped_too_long=sum(r['too_long'] for r in f),
+          skipped_empty=sum(r['empty'] for r in f),
+          skipped_rows=sum(r['malformed'] for r in f)))
+    else:
+      recs, bad_rows = source_records(name, spec, seed=seed)
+      exs, rep = tokenize_records(tok, name, recs, seq_len=seq_len,
+                                  loss_on=loss_on, too_long=too_long,
+                                  empty=empty_response)
+      rep.skipped_rows = bad_rows
+      reports.append(rep)
+      src = grain.MapDataset.source(exs)
+    datasets.append(src.shuffle(seed=seed + i).repeat(None))
     w = float(spec.get('weight', 1.0))
     if w <= 0:
       raise ValueError(f'data source {name!r}: weight must be > 0, got {w}')

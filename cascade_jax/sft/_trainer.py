@@ -92,7 +92,8 @@ def train_step(state: train.TrainState, batch, *, graph, opt, accum: int,
 
 def sources(config) -> dict[str, dict]:
   """The SFT mix: the configured sources (unless data.generated_sources is
-  off) and each of data.chat_files ('PATH=WEIGHT,...'), named after its
+  off) and each of data.chat_files ('PATH=WEIGHT,...': chat-messages
+  JSONL / Parquet, or their converted .array_record), named after its
   file."""
   out = ({k: v.to_dict() for k, v in config.data.sources.items()}
          if config.data.get('generated_sources', True) else {})
@@ -109,7 +110,8 @@ def sources(config) -> dict[str, dict]:
     if name in out:
       raise ValueError(f'data.chat_files: a source named {name!r} (from '
                        f'{path}) exists already')
-    out[name] = dict(weight=w, chat=path)
+    out[name] = dict(weight=w, **{
+        'array_record' if path.endswith('.array_record') else 'chat': path})
   if not out:
     raise ValueError('no SFT data: data.generated_sources is off and '
                      'data.chat_files is empty')
@@ -136,7 +138,8 @@ def eval_sets(config) -> dict[str, list[dict]]:
   """Each generated source's domain: its eval split (never trained on)."""
   sets = {}
   for name, spec in sorted(sources(config).items()):
-    if 'jsonl' in spec or 'chat' in spec or not config.eval_n:
+    if ({'jsonl', 'chat', 'array_record'} & set(spec)
+        or not config.eval_n):
       continue
     dom = spec.get('domain', name)
     sets[dom] = domains.generate(
