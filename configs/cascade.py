@@ -169,6 +169,37 @@ def _rl(name, quick):
   return c
 
 
+# Recovering what a stage forgot (experiments.recover; not in the default
+# order): from the damaging stage, MOPD on the damaged domains with each
+# domain's best earlier checkpoint as its teacher, against GRPO on the same
+# domains at the same sampled rollouts (16 prompts x 4, no refills), the
+# same steps, learning rate and budget. Teachers and domains are set per
+# run by the launcher.
+RECOVER_DOMAINS = ('math', 'code')
+
+
+def _recovery_stages(c, quick):
+  for name, kind in (('mopd_recover', 'mopd'), ('grpo_recover', 'grpo')):
+    r = _stage(kind, rl_config.get_config('mopd' if kind == 'mopd' else
+                                          'quick' if quick else None),
+               init_from='long_context_rl', branch=True)
+    r.data = ml_collections.ConfigDict(dict(
+        domain=','.join(RECOVER_DOMAINS), n_train=2048, levels=(1, 2, 3),
+        per_domain={d: {'split_by': 'prompt'} for d in RECOVER_DOMAINS}))
+    r.rl.prompts_per_step, r.rl.rollouts_per_prompt = 16, 4
+    r.rl.max_new_tokens, r.rl.max_refill_rounds = 48, 0
+    r.rl.overlong = 'none' if kind == 'mopd' else 'filter'
+    r.optim.lr, r.optim.warmup_steps = 2e-4, 2
+    r.steps, r.checkpoint_every, r.keep_checkpoints, r.log_every = 12, 6, 1, 4
+    if kind == 'mopd':
+      r.teachers = ml_collections.ConfigDict(
+          {d: 'sft' for d in RECOVER_DOMAINS})
+    if quick:
+      r.steps, r.checkpoint_every = 2, 1
+      r.rl.prompts_per_step, r.rl.max_new_tokens, r.data.n_train = 2, 16, 64
+    c.stages[name] = r
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   quick = arg in ('quick', 'judge_quick')
   if arg not in (None, '', 'quick', 'judge', 'judge_quick'):
@@ -245,6 +276,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.steps, m.checkpoint_every = 2, 1
     m.rl.prompts_per_step, m.rl.max_new_tokens, m.data.n_train = 2, 16, 64
   c.stages.mopd = m
+  _recovery_stages(c, quick)
   if arg in ('judge', 'judge_quick'):   # the paper's RLHF reward
     c.order = c.order.replace('sft,rm,', 'sft,rm,judge,', 1)
     for name, (dom, *_) in RL_STAGES.items():

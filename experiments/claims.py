@@ -130,6 +130,30 @@ def verdict_forgets_little(rule: dict, m: dict) -> str:
   return 'holds'
 
 
+def verdict_recovers(rule: dict, m: dict) -> str:
+  """MOPD recovers the damaged domains: in every one of rule['domains'] its
+  change up beyond threshold x the paired SE in rule['in_seeds'] or more
+  seeds and its mean change at least GRPO's ('holds'); up that far in some
+  domain ('partly: ...'); else 'no'."""
+  k, t = rule['in_seeds'], rule['threshold']
+  arms = m['domains']
+  seeds = min((len(a.get(arm, [])) for a in arms.values()
+               for arm in ('mopd', 'grpo')), default=0)
+  if seeds < rule['seeds']:
+    return f"open ({seeds} of {rule['seeds']} seeds)"
+  mean = lambda cs: sum(c['change'] for c in cs) / len(cs)
+  up = [d for d in rule['domains']
+        if sum(c['change'] > t * c['se'] for c in arms[d]['mopd']) >= k]
+  ahead = [d for d in rule['domains']
+           if mean(arms[d]['mopd']) >= mean(arms[d]['grpo'])]
+  if set(up) == set(ahead) == set(rule['domains']):
+    return 'holds'
+  if up:
+    return ('partly: MOPD recovers ' + ', '.join(up)
+            + ('' if set(up) <= set(ahead) else ' (GRPO ahead there)'))
+  return 'no'
+
+
 VERDICTS: dict[str, Callable[[dict, dict], str]] = {
     name.removeprefix('verdict_'): fn for name, fn in globals().items()
     if name.startswith('verdict_') and callable(fn)}
@@ -138,10 +162,14 @@ VERDICTS: dict[str, Callable[[dict, dict], str]] = {
 # ---------------------------------------------------------------- rules
 
 def load_rules(root: str = ROOT) -> dict[str, dict]:
-  """{claim id: rule file}, in file-name order; a malformed file is an error
-  naming it and the field."""
+  """{claim id: rule file}, in the order of the ids' leading numbers (9
+  before 10); a malformed file is an error naming it and the field."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(root, RULES, '*.json'))):
+  number = lambda p: (int(os.path.basename(p).split('_')[0])
+                      if os.path.basename(p).split('_')[0].isdigit()
+                      else float('inf'), p)
+  for path in sorted(glob.glob(os.path.join(root, RULES, '*.json')),
+                     key=number):
     cid = os.path.splitext(os.path.basename(path))[0]
     with open(path) as f:
       r = json.load(f)

@@ -274,10 +274,57 @@ def _if_rl_reward(files):
                              for r in arms.get('if_rl_passed', [])])
 
 
+def _recovery(files):
+  """MOPD (best earlier teachers) and GRPO from the damaging stage, per
+  seed (files .../seedS/{mopd,grpo}/rerun.json): each damaged domain's
+  change, the share of its gap to the teacher MOPD closed, and MOPD's worst
+  change elsewhere."""
+  runs = {}                                    # arm -> seed -> rerun.json
+  for f in files:
+    arm = os.path.basename(os.path.dirname(f))
+    seed = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    runs.setdefault(arm, {})[seed] = _load(f)
+  mopd = [doc for _, doc in sorted(runs.get('mopd', {}).items())]
+  grpo = [doc for _, doc in sorted(runs.get('grpo', {}).items())]
+  doms = sorted({d for doc in mopd for d in doc['recover']['teachers']})
+  mean = lambda xs: float(np.mean(xs)) if xs else float('nan')
+  ups = lambda rows: sum(r['change'] > 2 * r['se'] for r in rows)
+  out, parts = {}, []
+  for d in doms:
+    out[d] = dict(mopd=[_row(doc, d) for doc in mopd],
+                  grpo=[_row(doc, d) for doc in grpo])
+    closed = []
+    for doc, r in zip(mopd, out[d]['mopd']):
+      gap = doc['recover']['teachers'][d]['score'] - r['before']
+      if gap > 0:
+        closed.append(r['change'] / gap)
+    m, g = out[d]['mopd'], out[d]['grpo']
+    parts.append(
+        f"{SHORT.get(d, d)}: MOPD {mean([r['change'] for r in m]):+.3f} "
+        f'({ups(m)} of {len(m)} seeds up beyond 2 paired SE; '
+        f'{mean(closed):.0%} of the gap to its teacher closed), GRPO '
+        f"{mean([r['change'] for r in g]):+.3f} ({ups(g)} of {len(g)})")
+  others = {}
+  for doc in mopd:
+    for r in doc['rows']:
+      if r['domain'] not in doms:
+        others.setdefault(r['domain'], []).append(r['change'])
+  if others:
+    worst = min(others, key=lambda d: mean(others[d]))
+    parts.append(f'MOPD elsewhere, worst: {SHORT.get(worst, worst)} '
+                 f'{mean(others[worst]):+.3f}')
+  teachers = sorted({f"{SHORT.get(d, d)} <- {t['stage']}" for doc in mopd
+                     for d, t in doc['recover']['teachers'].items()})
+  after = mopd[0]['recover']['after'] if mopd else '?'
+  text = (f"from {after}, 12 steps of 16 x 4 rollouts; teachers "
+          f"{', '.join(teachers)}; " + '; '.join(parts))
+  return text, dict(domains=out)
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
-    forgetting=_forgetting, if_rl_reward=_if_rl_reward)
+    forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery)
 
 
 def _provenance(files: list[str]) -> str:

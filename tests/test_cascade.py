@@ -355,3 +355,42 @@ def test_own_domain_noise_is_paired_over_the_eval_prompts(tmp_path):
     del r['scores']['math']['prompt_pass']
   md = open(report.cascade_report(str(tmp_path), records)['markdown']).read()
   assert 'rl: math +0.050 (within noise)' in md
+
+
+@pytest.mark.slow   # ~2 min: a quick cascade to long_context_rl, then both arms
+def test_recover_runs_mopd_with_the_best_earlier_teachers_and_grpo(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  c = _laptop(cascade_config.get_config('quick'))
+  c.order = 'sft,if_rl,long_context_rl'
+  run = tmp_path / 'run'
+  cascade.run(c, str(run))
+  stage = lambda n: json.load(open(run / n / 'stage.json'))
+  want = max(('sft', 'if_rl'),
+             key=lambda n: (stage(n)['scores']['math']['pass_rate'],
+                            n == 'sft'))   # the earliest on a tie
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  res = subprocess.run(
+      [sys.executable, '-m', 'experiments.recover',
+       '--config=configs/cascade.py:quick', '--config.order=' + c.order,
+       f'--run={run}', '--domains=math', f'--workdir={tmp_path / "rec"}'],
+      cwd=root, capture_output=True, text=True, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert f'[recover] teachers: math <- {want}' in res.stdout, res.stdout
+  for arm in ('mopd', 'grpo'):
+    doc = json.load(open(tmp_path / 'rec' / arm / 'rerun.json'))
+    assert doc['stage'] == f'{arm}_recover' and doc['meta']['commit']
+    assert doc['recover']['teachers']['math']['stage'] == want
+    assert doc['recover']['after'] == 'long_context_rl'
+    rows = {r['domain']: r for r in doc['rows']}
+    assert rows['math']['own'] and not rows['code']['own']
+    # Both arms start from long_context_rl: its own scores are the before.
+    assert rows['math']['before'] == stage('long_context_rl')['scores'][
+        'math']['pass_rate']
+    cfg = json.load(open(tmp_path / 'rec' / arm / 'config.json'))
+    assert cfg['data']['domain'] == 'math'
+    assert cfg['rl']['max_refill_rounds'] == 0
+  rollouts = lambda arm: (lambda r: r['prompts_per_step'] * r[
+      'rollouts_per_prompt'])(json.load(open(
+          tmp_path / 'rec' / arm / 'config.json'))['rl'])
+  assert rollouts('mopd') == rollouts('grpo') == 8     # equal rollouts

@@ -119,6 +119,29 @@ def test_verdict_forgets_little():
       rule, m({'math': fine[:1]}, {}, seeds=1)) == 'open (1 of 3 seeds)'
 
 
+def test_verdict_recovers():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2, domains=['math', 'code'])
+  up, flat = [_c(0.09)] * 3, [_c(0.0)] * 3
+  m = lambda math, code: dict(domains=dict(math=math, code=code))
+  assert claims.verdict_recovers(
+      rule, m(dict(mopd=up, grpo=flat), dict(mopd=up, grpo=up))) == 'holds'
+  # Up in both, but GRPO's mean higher in code: partly, and it says so.
+  assert claims.verdict_recovers(
+      rule, m(dict(mopd=up, grpo=flat),
+              dict(mopd=up, grpo=[_c(0.2)] * 3))) == \
+      'partly: MOPD recovers math, code (GRPO ahead there)'
+  two = [_c(0.09), _c(0.09), _c(0.0)]
+  assert claims.verdict_recovers(
+      rule, m(dict(mopd=two, grpo=flat), dict(mopd=flat, grpo=up))) == \
+      'partly: MOPD recovers math'
+  one = [_c(0.09), _c(0.0), _c(0.0)]
+  assert claims.verdict_recovers(
+      rule, m(dict(mopd=one, grpo=flat), dict(mopd=flat, grpo=flat))) == 'no'
+  assert claims.verdict_recovers(
+      rule, m(dict(mopd=up[:2], grpo=flat), dict(mopd=up, grpo=up))
+  ) == 'open (2 of 3 seeds)'
+
+
 def test_every_verdict_function_has_a_test_here():
   with open(__file__) as f:
     tested = f.read()
@@ -133,6 +156,8 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   # The forgetting and IF-RL rules are registered before their runs.
   assert 'post_hoc' not in rules['8_forgetting']
   assert 'post_hoc' not in rules['9_if_rl_reward']
+  assert 'post_hoc' not in rules['10_mopd_recovers']
+  assert list(rules)[-2:] == ['9_if_rl_reward', '10_mopd_recovers']
 
 
 # ----------------------------------------------------------- history
@@ -297,4 +322,32 @@ def test_the_if_rl_measure_decides_on_the_passed_arm(tmp_path):
       files.append(str(path))
   text, m = status.MEASURES['if_rl_reward'](files)
   assert 'if_rl_passed: IF +0.100, +0.080, +0.000 (3 seeds, 2 up' in text
+  assert claims.verdict(rule, m) == 'holds'
+
+
+def test_the_recovery_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['10_mopd_recovers']
+  files = []
+  teachers = dict(math=dict(stage='sft', score=0.5),
+                  code=dict(stage='if_rl', score=0.4))
+  for s in range(3):
+    for arm, (dm, dc) in (('mopd', (0.1, 0.05)), ('grpo', (0.05, 0.0))):
+      path = tmp_path / f'seed{s}' / arm / 'rerun.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(
+          recover=dict(after='long_context_rl', teachers=teachers),
+          rows=[dict(domain='math', before=0.3, after=0.3 + dm, change=dm,
+                     se=0.02),
+                dict(domain='code', before=0.3, after=0.3 + dc, change=dc,
+                     se=0.02),
+                dict(domain='swe', before=0.5, after=0.45, change=-0.05,
+                     se=0.02)])))
+      files.append(str(path))
+  text, m = status.MEASURES['recovery'](files)
+  # math: +0.1 of a 0.2 gap; code +0.05 of 0.1: half of each gap.
+  assert ('math: MOPD +0.100 (3 of 3 seeds up beyond 2 paired SE; 50% of '
+          'the gap to its teacher closed), GRPO +0.050 (3 of 3)') in text, text
+  assert 'code: MOPD +0.050 (3 of 3' in text and 'code <- if_rl' in text
+  assert 'MOPD elsewhere, worst: swe -0.050' in text
   assert claims.verdict(rule, m) == 'holds'
