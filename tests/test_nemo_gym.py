@@ -276,3 +276,31 @@ def test_an_rl_stage_trains_on_nemo_gym_rows(tmp_path):
   c.data.domain, c.data.eval_files = 'math', ''
   with pytest.raises(ValueError, match="read by the 'nemo_gym' domain"):
     rl.run(c, str(tmp_path / 'rl2'))
+
+
+class _FlakySandbox:
+  """run_script fails to start the first `fails` times, then runs the
+  program's answer (prints stdin doubled)."""
+  workers = 1
+
+  def __init__(self, fails):
+    self.fails, self.calls = fails, 0
+
+  def run_script(self, program, stdin=''):
+    from cascade_jax.sandbox import SANDBOX_ERROR, ScriptResult  # pylint: disable=g-import-not-at-top
+    self.calls += 1
+    if self.calls <= self.fails:
+      return ScriptResult(None, SANDBOX_ERROR, stderr='clone failed')
+    return ScriptResult(0, 'ok', stdout=str(2 * int(stdin)) + '\n')
+
+
+def test_a_sandbox_that_fails_to_start_is_not_the_programs_verdict():
+  reply = '```python\nprint(2 * int(input()))\n```'
+  box = _FlakySandbox(fails=1)          # once: retried, then the verdict
+  assert nemo_gym.code_reward(['2', '5'], ['4', '10'], reply, box) == (
+      1.0, dict(tests=2))
+  assert box.calls == 3
+  box = _FlakySandbox(fails=2)          # twice: said so, not a wrong answer
+  reward, details = nemo_gym.code_reward(['2'], ['4'], reply, box)
+  assert reward == 0.0 and details['status'] == 'sandbox_error'
+  assert 'clone failed' in details['error'] and 'first_failure' in details

@@ -51,9 +51,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from absl import logging
+
 from cascade_jax.domains import _base
 from cascade_jax.domains import _if_registry
 from cascade_jax.sandbox import Limits
+from cascade_jax.sandbox import SANDBOX_ERROR
 from cascade_jax.sandbox import Sandbox
 
 KINDS = ('math', 'code', 'instruction_following')
@@ -332,12 +335,23 @@ def outputs_match(expected: str, got: str) -> tuple[bool, str]:
 
 def code_reward(inputs: Sequence[str], outputs: Sequence[str], response: str,
                 sandbox: Sandbox) -> tuple[float, dict]:
-  """1 when the program passes every test; else 0 and the first failure."""
+  """1 when the program passes every test; else 0 and the first failure. A
+  sandbox that fails to start says nothing of the program: that test runs
+  once more, and a second failure is reported as such (`status`
+  SANDBOX_ERROR), not as the program's."""
   program = last_fenced_block(_base.strip_think(response))
   if not program.strip():
     return 0.0, dict(error='no fenced code block in the response')
   for i, (stdin, want) in enumerate(zip(inputs, outputs)):
     res = sandbox.run_script(program, stdin)
+    if res.status == SANDBOX_ERROR:
+      res = sandbox.run_script(program, stdin)
+      if res.status == SANDBOX_ERROR:
+        logging.warning('nemo_gym: the sandbox failed twice to start: %s',
+                        res.stderr[-300:])
+        return 0.0, dict(first_failure=i, status=SANDBOX_ERROR,
+                         error=f'sandbox failed to start: {res.stderr[-200:]}',
+                         tests=len(inputs))
     if res.status == 'timeout':
       why = f'time limit ({sandbox.limits.wall_seconds:g} s)'
     elif res.returncode is not None and res.returncode < 0:
@@ -351,6 +365,29 @@ def code_reward(inputs: Sequence[str], outputs: Sequence[str], response: str,
         continue
     return 0.0, dict(first_failure=i, error=why, tests=len(inputs))
   return 1.0, dict(tests=len(inputs))
+
+
+def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
+               sandbox: Sandbox | None, workers: int, finish) -> None:
+  """Each (kind, verifier fields) item's reward for its text, reported as
+  `finish(i, reward, details, extra)` when decided: code on a pool of
+  `workers` threads through `sandbox`, math and instruction following on
+  this thread (math-verify's time limit is SIGALRM's, the main thread's)."""
+  code = [i for i, (kind, _) in enumerate(items) if kind == 'code']
+  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    futures = {pool.submit(code_reward, items[i][1]['inputs'],
+                           items[i][1]['outputs'], texts[i], sandbox): i
+               for i in code}
+    for i, ((kind, fields), text) in enumerate(zip(items, texts, strict=True)):
+      if kind == 'math':
+        finish(i, *math_reward(fields['expected_answer'], text))
+      elif kind == 'instruction_following':
+        finish(i, *if_reward(fields, text))
+      elif kind != 'code':
+        raise ValueError(f'nemo_gym: item {i} has kind {kind!r}; known: '
+                         f'{KINDS}')
+    for f in concurrent.futures.as_completed(futures):
+      finish(futures[f], *f.result())
 
 
 def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
@@ -382,18 +419,6 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
     if progress:
       progress(done, len(rows))
 
-  code = [i for i, r in enumerate(rows) if r.kind == 'code']
-  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-    futures = {pool.submit(code_reward, rows[i].fields['inputs'],
-                           rows[i].fields['outputs'], texts[i], sandbox): i
-               for i in code}
-    # math-verify's time limits use SIGALRM: the main thread's, while the
-    # code rows run on the pool.
-    for i, r in enumerate(rows):
-      if r.kind == 'math':
-        finish(i, *math_reward(r.fields['expected_answer'], texts[i]))
-      elif r.kind == 'instruction_following':
-        finish(i, *if_reward(r.fields, texts[i]))
-    for f in concurrent.futures.as_completed(futures):
-      finish(futures[f], *f.result())
+  reward_all([(r.kind, r.fields) for r in rows], texts, sandbox=sandbox,
+             workers=workers, finish=finish)
   return out

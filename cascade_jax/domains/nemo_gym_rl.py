@@ -23,7 +23,6 @@ Rewards, per row kind (as `nemo_gym.verify_rows`):
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import hashlib
 import json
@@ -103,28 +102,19 @@ def _sandbox() -> Sandbox:
 
 def verify(records, responses, *, sandbox=None) -> list[_base.Score]:
   out: list[_base.Score | None] = [None] * len(records)
-  code = [i for i, r in enumerate(records) if r['kind'] == 'code']
-  box = (sandbox or _sandbox()) if code else None
-  workers = max(1, min(len(code), box.workers if box else 1))
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    futures = {pool.submit(nemo_gym.code_reward, records[i]['inputs'],
-                           records[i]['outputs'], responses[i], box): i
-               for i in code}
-    # math-verify's time limit is SIGALRM's: on this (the main) thread.
-    for i, (r, text) in enumerate(zip(records, responses, strict=True)):
-      if r['kind'] == 'math':
-        reward, details = nemo_gym.math_reward(r['expected_answer'], text)
-        out[i] = _base.Score(reward, reward == 1.0, details)
-      elif r['kind'] == 'instruction_following':
-        reward, details, fol = nemo_gym.if_reward(r, text)
-        ok = fol['follow_instruction_list']
-        out[i] = _base.Score(reward, all(ok), dict(
-            details, checks=list(zip(r['instruction_id_list'], ok))))
-      elif r['kind'] != 'code':
-        raise ValueError(f"{NAME}: record {r['id']} has kind {r['kind']!r}")
-    for f in concurrent.futures.as_completed(futures):
-      reward, details = f.result()
-      out[futures[f]] = _base.Score(reward, reward == 1.0, details)
+  n_code = sum(r['kind'] == 'code' for r in records)
+  box = (sandbox or _sandbox()) if n_code else None
+
+  def finish(i, reward, details, extra=None):
+    if extra:          # instruction following: one verdict an instruction
+      ok = extra['follow_instruction_list']
+      details = dict(details, checks=list(zip(
+          records[i]['instruction_id_list'], ok)))
+    out[i] = _base.Score(reward, reward == 1.0, details)
+
+  nemo_gym.reward_all([(r['kind'], r) for r in records], responses,
+                      sandbox=box, workers=min(n_code, box.workers if box
+                                               else 1), finish=finish)
   return out  # type: ignore[return-value]
 
 
