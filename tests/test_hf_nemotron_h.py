@@ -213,3 +213,61 @@ def test_dt_is_clamped_by_time_step_limit_not_time_step_min(hf_dir):
   hf['time_step_limit'] = [0.0, 0.5]
   with pytest.raises(ValueError, match='time_step_limit'):
     checkpoint.config_from_hf_nemotron_h(hf)
+
+
+def _mixer_reference(mixer, x, dt_floor):
+  """A Mamba-2 mixer from its definition, in float64 numpy, token by token:
+  in_proj -> (z, xBC, dt); causal depthwise conv + SiLU on xBC; dt =
+  softplus(dt + dt_bias) floored at `dt_floor`; h_t = exp(dt A) h_{t-1} +
+  dt x_t B_t^T, y_t = h_t C_t + D x_t per head (its group's B, C); the
+  gated group RMSNorm of y by SiLU(z); out_proj."""
+  p = {k: v.detach().double().numpy() for k, v in mixer.named_parameters()}
+  heads, hd, groups = mixer.num_heads, mixer.head_dim, mixer.n_groups
+  inner, n, k = mixer.intermediate_size, mixer.ssm_state_size, mixer.conv_kernel_size
+  z, xbc, dt = np.split(x @ p['in_proj.weight'].T, [inner, 2 * inner
+                                                    + 2 * groups * n], -1)
+  w = p['conv1d.weight'][:, 0, :]                   # [channels, kernel]
+  padded = np.pad(xbc, ((0, 0), (k - 1, 0), (0, 0)))
+  conv = sum(padded[:, j:j + xbc.shape[1]] * w[:, j] for j in range(k))
+  conv = conv + p['conv1d.bias']
+  conv = conv / (1 + np.exp(-conv))                 # SiLU
+  xs, bm, cm = np.split(conv, [inner, inner + groups * n], -1)
+  b_, t_ = x.shape[:2]
+  xs = xs.reshape(b_, t_, heads, hd)
+  bm, cm = bm.reshape(b_, t_, groups, n), cm.reshape(b_, t_, groups, n)
+  dt = np.maximum(np.log1p(np.exp(dt + p['dt_bias'])), dt_floor)
+  a = -np.exp(p['A_log'])
+  g = np.arange(heads) // (heads // groups)         # each head's group
+  h = np.zeros((b_, heads, hd, n))
+  ys = []
+  for t in range(t_):
+    decay = np.exp(dt[:, t] * a)[:, :, None, None]
+    h = decay * h + (dt[:, t, :, None, None] * xs[:, t, :, :, None]
+                     * bm[:, t, g, None, :])
+    ys.append(np.einsum('bhpn,bhn->bhp', h, cm[:, t, g])
+              + p['D'][:, None] * xs[:, t])
+  y = np.stack(ys, 1).reshape(b_, t_, inner) * (z / (1 + np.exp(-z)))
+  y = y.reshape(b_, t_, groups, inner // groups)
+  y = y / np.sqrt((y ** 2).mean(-1, keepdims=True) + mixer.norm.variance_epsilon)
+  return (y.reshape(b_, t_, inner) * p['norm.weight']) @ p['out_proj.weight'].T
+
+
+def test_transformers_mamba2_mixer_is_the_recurrence_clamped_by_time_step_limit():
+  # The oracle's own Mamba-2 mixer (transformers >= 5.25) against the
+  # definition computed in float64. dt_bias is pushed low so that many dt
+  # fall under time_step_min (0.001): a floor there (transformers <= 5.24)
+  # changes the output far beyond float32 noise; time_step_limit's (0, inf)
+  # does not clamp.
+  m = _hf_model()
+  mixer = next(mod for mod in m.modules()
+               if type(mod).__name__ == 'NemotronHMamba2Mixer')
+  with torch.no_grad():
+    mixer.dt_bias.copy_(torch.linspace(-9.0, 0.5, mixer.num_heads))
+  x = np.random.RandomState(1).randn(2, 21, m.config.hidden_size)
+  with torch.no_grad():
+    got = mixer(torch.tensor(x, dtype=torch.float32)).double().numpy()
+  assert tuple(m.config.time_step_limit) == (0.0, float('inf'))
+  want = _mixer_reference(mixer, x, dt_floor=0.0)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+  floored = _mixer_reference(mixer, x, dt_floor=m.config.time_step_min)
+  assert np.abs(floored - want).max() > 50 * 2e-5
