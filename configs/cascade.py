@@ -277,6 +277,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     m.rl.prompts_per_step, m.rl.max_new_tokens, m.data.n_train = 2, 16, 64
   c.stages.mopd = m
   _recovery_stages(c, quick)
+  # Long-context RL with math and code mixed into its prompts (the same
+  # steps, rollouts a step and budget; not in the default order): does
+  # mixing keep what long-context RL alone forgets? experiments.rerun_stage
+  # with --config.order=...,rlhf,long_context_mixed.
+  lc = _rl('long_context_rl', quick)
+  lc.data = ml_collections.ConfigDict(dict(
+      domain='long_context,math,code', n_train=lc.data.n_train,
+      levels=(1, 2, 3), per_domain=dict(
+          long_context=dict(kinds=sft_config.LONG_CONTEXT_KINDS, levels=(1,)),
+          math=dict(split_by='prompt'), code=dict(split_by='prompt'))))
+  lc.rl.max_new_tokens = c.stages.code_rl.rl.max_new_tokens
+  c.stages.long_context_mixed = lc
   if arg in ('judge', 'judge_quick'):   # the paper's RLHF reward
     c.order = c.order.replace('sft,rm,', 'sft,rm,judge,', 1)
     for name, (dom, *_) in RL_STAGES.items():

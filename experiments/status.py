@@ -321,10 +321,36 @@ def _recovery(files):
   return text, dict(domains=out)
 
 
+def _lc_mix(files):
+  """Long-context RL alone and mixed (files .../{alone,mixed}/seedS/
+  rerun.json): every domain's change per arm, mean over seeds."""
+  runs = {}                                    # arm -> seed -> rerun.json
+  for f in files:
+    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    runs.setdefault(arm, {})[os.path.basename(os.path.dirname(f))] = _load(f)
+  rows = {arm: [{r['domain']: r for r in doc['rows']}
+                for _, doc in sorted(seeds.items())]
+          for arm, seeds in runs.items()}
+  doms = sorted({d for arm in rows.values() for seed in arm for d in seed})
+  mean = lambda xs: float(np.mean(xs)) if xs else float('nan')
+  out = {d: {arm: [seed[d] for seed in rows.get(arm, [])]
+             for arm in ('alone', 'mixed')} for d in doms}
+  parts = []
+  for d in doms:
+    a, m = out[d]['alone'], out[d]['mixed']
+    above = sum(x['change'] > y['change'] for x, y in zip(m, a))
+    parts.append(f"{SHORT.get(d, d)} {mean([r['change'] for r in a]):+.3f} "
+                 f"alone / {mean([r['change'] for r in m]):+.3f} mixed "
+                 f'(mixed above in {above} of {min(len(a), len(m))})')
+  text = ('from rlhf, 30 steps, mean change over seeds: ' + ', '.join(parts))
+  return text, dict(domains=out, own=out.get('long_context', {}))
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
-    forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery)
+    forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
+    lc_mix=_lc_mix)
 
 
 def _provenance(files: list[str]) -> str:

@@ -142,6 +142,29 @@ def test_verdict_recovers():
   ) == 'open (2 of 3 seeds)'
 
 
+def test_verdict_mixing_forgets_less():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2, domains=['math', 'code'],
+              own='long_context')
+  lo, hi = [_c(-0.08)] * 3, [_c(-0.01)] * 3
+  lifted, flat = [_c(0.1)] * 3, [_c(0.0)] * 3
+  m = lambda math, code, own: dict(domains=dict(
+      math=dict(zip(('alone', 'mixed'), math)),
+      code=dict(zip(('alone', 'mixed'), code))), own=dict(mixed=own))
+  assert claims.verdict_mixing_forgets_less(
+      rule, m((lo, hi), (lo, hi), lifted)) == 'holds'
+  assert claims.verdict_mixing_forgets_less(
+      rule, m((lo, hi), (lo, hi), flat)) == \
+      'partly: math, code kept, long_context not lifted'
+  # Above in two seeds of three in code: not every seed.
+  mixed_code = [_c(-0.01), _c(-0.01), _c(-0.09)]
+  assert claims.verdict_mixing_forgets_less(
+      rule, m((lo, hi), (lo, mixed_code), lifted)) == 'partly: math kept'
+  assert claims.verdict_mixing_forgets_less(
+      rule, m((hi, lo), (hi, lo), lifted)) == 'no'
+  assert claims.verdict_mixing_forgets_less(
+      rule, m((lo[:2], hi[:2]), (lo, hi), lifted)) == 'open (2 of 3 seeds)'
+
+
 def test_every_verdict_function_has_a_test_here():
   with open(__file__) as f:
     tested = f.read()
@@ -157,7 +180,9 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['8_forgetting']
   assert 'post_hoc' not in rules['9_if_rl_reward']
   assert 'post_hoc' not in rules['10_mopd_recovers']
-  assert list(rules)[-2:] == ['9_if_rl_reward', '10_mopd_recovers']
+  assert 'post_hoc' not in rules['11_long_context_mix']
+  assert list(rules)[-3:] == ['9_if_rl_reward', '10_mopd_recovers',
+                              '11_long_context_mix']
 
 
 # ----------------------------------------------------------- history
@@ -350,4 +375,25 @@ def test_the_recovery_measure_feeds_its_rule(tmp_path):
           'the gap to its teacher closed), GRPO +0.050 (3 of 3)') in text, text
   assert 'code: MOPD +0.050 (3 of 3' in text and 'code <- if_rl' in text
   assert 'MOPD elsewhere, worst: swe -0.050' in text
+  assert claims.verdict(rule, m) == 'holds'
+
+
+def test_the_long_context_mix_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['11_long_context_mix']
+  files = []
+  for arm, (dl, dm) in (('alone', (0.1, -0.08)), ('mixed', (0.08, -0.02))):
+    for s in range(3):
+      path = tmp_path / 'lc_mix' / arm / f'seed{s}' / 'rerun.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(rows=[
+          dict(domain=d, own=d == 'long_context', before=0.4, after=0.4 + c,
+               change=c, se=0.02)
+          for d, c in (('long_context', dl), ('math', dm), ('code', dm),
+                       ('swe', 0.0))])))
+      files.append(str(path))
+  text, m = status.MEASURES['lc_mix'](files)
+  assert ('math -0.080 alone / -0.020 mixed (mixed above in 3 of 3)'
+          in text), text
+  assert 'long +0.100 alone / +0.080 mixed' in text
   assert claims.verdict(rule, m) == 'holds'
