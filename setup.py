@@ -33,6 +33,9 @@ setuptools.setup(
         'pyarrow>=15',
         # IFEval's and IFBench's instruction checkers (NeMo-Gym IF rows).
         'if-verifiable>=0.1.2',
+        # NeMo-Gym structured-output rows: the reference's schema validator.
+        'openapi-schema-validator>=0.6',
+        'pyyaml>=6',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         # Pallas kernels for the MoE grouped matmul and attention on GPU / TPU

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -304,3 +305,51 @@ def test_a_sandbox_that_fails_to_start_is_not_the_programs_verdict():
   reward, details = nemo_gym.code_reward(['2'], ['4'], reply, box)
   assert reward == 0.0 and details['status'] == 'sandbox_error'
   assert 'clone failed' in details['error'] and 'first_failure' in details
+
+
+STRUCTURED = os.path.join(_DATA, 'structured_output.jsonl')
+
+
+def test_structured_output_rows_are_validated_against_the_strict_schema():
+  rows = nemo_gym.read_rows(STRUCTURED)
+  assert {r.kind for r in rows} == {'structured_output'}
+  got = nemo_gym.verify_rows(rows)
+  # 1 fits; 2 has a property the strict schema forbids; 3 lacks one it
+  # requires; 4 fits after its think block; 5 is fenced (the reference
+  # parses the whole text); 6 is YAML that fits; 7's extra key sits in an
+  # anyOf branch (left as written); 8 breaks a minimum.
+  assert [g['reward'] for g in got] == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+  why = [g['verifier_details'].get('error_type') for g in got]
+  assert why == [None, 'validation_error', 'validation_error', None,
+                 'parse_error', None, None, 'validation_error']
+
+
+@pytest.mark.parametrize('change, says', [
+    (dict(schema_type='xml'), "field 'schema_type' is 'xml'"),
+    (dict(schema_str='{"type": '), "field 'schema_str' is not JSON"),
+    (dict(schema_str='[1, 2]'), "field 'schema_str' must hold a JSON object"),
+    (dict(response_mode='tool_call'), "field 'response_mode' is 'tool_call'"),
+])
+def test_structured_output_rows_that_cannot_be_read_are_named(tmp_path, change,
+                                                              says):
+  row = dict(json.loads(open(STRUCTURED).readline()), **change)
+  path = tmp_path / 'rows.jsonl'
+  path.write_text(json.dumps(row) + '\n')
+  with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
+    nemo_gym.read_rows(str(path))
+
+
+def test_structured_rows_as_a_domain_score_as_verify_does():
+  from cascade_jax import domains  # pylint: disable=g-import-not-at-top
+  rows = nemo_gym.read_rows(STRUCTURED)
+  recs = [domains.nemo_gym_rl.record(r) for r in rows]
+  for r in recs:
+    domains.validate(r)
+  scores = domains.get('nemo_gym').verify(
+      recs, [nemo_gym.response_text(r) for r in rows])
+  assert [s.reward for s in scores] == [
+      g['reward'] for g in nemo_gym.verify_rows(rows)]
+  # As training prompts: one record a prompt (the fixture has two).
+  assert len(domains.generate('nemo_gym', split='train', n=100, seed=0,
+                              files=STRUCTURED, eval_fraction=0.0)) == len(
+                                  {json.dumps(r.messages) for r in rows}) == 2

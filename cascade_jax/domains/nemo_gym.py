@@ -12,6 +12,8 @@ A row is one JSON object a line:
                            stdin and the expected stdout of each test
     instruction_following  instruction_id_list, kwargs, grading_mode
                            (verifier_metadata, or top level in older rows)
+    structured_output      schema_str (a JSON schema), schema_type (json,
+                           the default; yaml; toml)
 
 A rollout row adds `response`, in the Responses API's output format:
 `output[]` items of type `message` whose `content[]` items of type
@@ -37,6 +39,12 @@ Verification follows the reference implementations:
   'fraction', else 1 only when all are met. Rows with ids outside those
   registries, or kwargs their checker refuses, are refused, named, before
   any work.
+- structured output (NeMo-Gym's structured_outputs server, the recipe's
+  multi-domain RL's 15%): the response text (after any think block) parsed
+  as its schema_type, validated with openapi-schema-validator against the
+  schema made strict as the reference makes it (every object's properties
+  all required, no others); 1 when it validates. XML and CSV rows (type
+  coercion before validation) and tool-call responses are refused, named.
 
 Any malformed row is an error naming the file, the line and the field.
 """
@@ -59,7 +67,8 @@ from cascade_jax.sandbox import Limits
 from cascade_jax.sandbox import SANDBOX_ERROR
 from cascade_jax.sandbox import Sandbox
 
-KINDS = ('math', 'code', 'instruction_following')
+KINDS = ('math', 'code', 'instruction_following', 'structured_output')
+SCHEMA_TYPES = ('json', 'yaml', 'toml')
 GRADING_MODES = ('binary', 'fraction')
 # One test's limits (LiveCodeBench's default per-test timeout is 6 s).
 TEST_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=6, memory_bytes=1 << 30,
@@ -175,18 +184,22 @@ def parse_row(obj: Any, where: str) -> Row:
                    'read here yet')
   ids, ids_at = _verifier_field(obj, 'instruction_id_list')
   answer, answer_at = _verifier_field(obj, 'expected_answer')
+  schema, schema_at = _verifier_field(obj, 'schema_str')
   meta = obj.get('verifier_metadata')
   tests = meta.get('unit_tests') if isinstance(meta, dict) else None
   found = [k for k, v in (('instruction_following', ids), ('math', answer),
-                          ('code', tests)) if v is not None]
+                          ('code', tests), ('structured_output', schema))
+           if v is not None]
   if len(found) != 1:
     raise RowError(
         f'{where}: ' + ('no verifier fields (instruction_id_list, '
-                        'expected_answer or verifier_metadata.unit_tests); '
-                        f'keys: {sorted(obj)}' if not found else
+                        'expected_answer, verifier_metadata.unit_tests or '
+                        f'schema_str); keys: {sorted(obj)}' if not found else
                         f'fields of several kinds: {found}'))
   kind = found[0]
-  if kind == 'math':
+  if kind == 'structured_output':
+    fields = _structured_fields(obj, schema, schema_at, where)
+  elif kind == 'math':
     if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
       raise RowError(f'{where}: field {answer_at!r} must be a string or a '
                      f'number, got {type(answer).__name__}')
@@ -226,6 +239,30 @@ def parse_row(obj: Any, where: str) -> Row:
                   kwargs=[k or {} for k in kwargs],
                   grading_mode=mode or 'binary', prompt=str(prompt))
   return Row(kind, messages, fields, obj, where)
+
+
+def _structured_fields(obj: dict, schema, schema_at: str, where: str) -> dict:
+  stype, stype_at = _verifier_field(obj, 'schema_type')
+  stype = 'json' if stype is None else stype
+  if not isinstance(stype, str) or stype.lower() not in SCHEMA_TYPES:
+    raise RowError(f'{where}: field {stype_at!r} is {stype!r}; read here: '
+                   f'{SCHEMA_TYPES} (xml and csv coerce types before '
+                   'validating: not read here yet)')
+  mode, mode_at = _verifier_field(obj, 'response_mode')
+  if mode not in (None, 'text'):
+    raise RowError(f'{where}: field {mode_at!r} is {mode!r}; only text '
+                   'responses are read here (tool-call payloads are not yet)')
+  if not isinstance(schema, str):
+    raise RowError(f'{where}: field {schema_at!r} must be a string (a JSON '
+                   f'schema), got {type(schema).__name__}')
+  try:
+    parsed = json.loads(schema)
+  except json.JSONDecodeError as e:
+    raise RowError(f'{where}: field {schema_at!r} is not JSON ({e.msg} at '
+                   f'column {e.colno})') from None
+  if not isinstance(parsed, dict):
+    raise RowError(f'{where}: field {schema_at!r} must hold a JSON object')
+  return dict(schema_str=schema, schema_type=stype.lower())
 
 
 def response_text(row: Row) -> str:
@@ -282,6 +319,51 @@ def if_reward(fields: dict, response: str) -> tuple[float, dict, dict]:
     details['differs_from_reference'] = differs
   return reward, details, dict(follow_instruction_list=ok,
                                follow_all_instructions=all(ok))
+
+
+def _strict(schema):
+  """The schema as the reference validates it: every object with
+  properties requires all of them and allows no others, through nested
+  objects (not into lists: anyOf / allOf branches stay as written, as in
+  the reference)."""
+  if not isinstance(schema, dict):
+    return schema
+  out = {k: _strict(v) for k, v in schema.items()}
+  if 'properties' in schema:
+    out['required'] = list(schema['properties'])
+    out['additionalProperties'] = False
+  return out
+
+
+def _parse_structured(schema_type: str, text: str):
+  if schema_type == 'json':
+    return json.loads(text)
+  if schema_type == 'yaml':
+    import yaml  # pylint: disable=g-import-not-at-top
+    return yaml.safe_load(text)
+  import tomllib  # pylint: disable=g-import-not-at-top
+  return tomllib.loads(text)
+
+
+def structured_reward(fields: dict, response: str) -> tuple[float, dict]:
+  """1 when the response (after any think block) parses as the row's
+  schema_type and validates against its strict schema; else 0 and why
+  (empty_response, parse_error, validation_error)."""
+  from openapi_schema_validator import validate  # pylint: disable=g-import-not-at-top
+  text = _base.strip_think(response)
+  if not text.strip():
+    return 0.0, dict(error_type='empty_response')
+  try:
+    obj = _parse_structured(fields['schema_type'], text)
+  except Exception as e:  # pylint: disable=broad-except
+    return 0.0, dict(error_type='parse_error',
+                     error=f'{type(e).__name__}: {e}'[:200])
+  try:
+    validate(obj, _strict(json.loads(fields['schema_str'])))
+  except Exception as e:  # pylint: disable=broad-except
+    return 0.0, dict(error_type='validation_error',
+                     error=f'{type(e).__name__}: {e}'[:200])
+  return 1.0, {}
 
 
 def last_fenced_block(text: str) -> str:
@@ -383,6 +465,8 @@ def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
         finish(i, *math_reward(fields['expected_answer'], text))
       elif kind == 'instruction_following':
         finish(i, *if_reward(fields, text))
+      elif kind == 'structured_output':
+        finish(i, *structured_reward(fields, text))
       elif kind != 'code':
         raise ValueError(f'nemo_gym: item {i} has kind {kind!r}; known: '
                          f'{KINDS}')

@@ -121,5 +121,6 @@ def verify(records, responses, *, sandbox=None) -> list[_base.Score]:
 DOMAIN = _base.Domain(
     name=NAME, generate=generate, verify=verify,
     required_fields=('kind',), needs_sandbox=True, from_files=True,
-    description='NeMo-Gym RL rows (math, code, instruction following) from '
+    description='NeMo-Gym RL rows (math, code, instruction following, '
+                'structured output) from '
                 'data.files')
