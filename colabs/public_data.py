@@ -38,7 +38,6 @@ ROOT = os.path.dirname(os.getcwd()) if os.path.basename(
     os.getcwd()) == 'colabs' else os.getcwd()
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'tests')]
 
-import jax
 import torch
 import transformers
 
