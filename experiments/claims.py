@@ -149,8 +149,9 @@ def verdict_recovers(rule: dict, m: dict) -> str:
   if set(up) == set(ahead) == set(rule['domains']):
     return 'holds'
   if up:
+    behind = [d for d in rule['domains'] if d not in ahead]
     return ('partly: MOPD recovers ' + ', '.join(up)
-            + ('' if set(up) <= set(ahead) else ' (GRPO ahead there)'))
+            + (f"; GRPO ahead in {', '.join(behind)}" if behind else ''))
   return 'no'
 
 

@@ -129,11 +129,11 @@ def test_verdict_recovers():
   assert claims.verdict_recovers(
       rule, m(dict(mopd=up, grpo=flat),
               dict(mopd=up, grpo=[_c(0.2)] * 3))) == \
-      'partly: MOPD recovers math, code (GRPO ahead there)'
+      'partly: MOPD recovers math, code; GRPO ahead in code'
   two = [_c(0.09), _c(0.09), _c(0.0)]
   assert claims.verdict_recovers(
       rule, m(dict(mopd=two, grpo=flat), dict(mopd=flat, grpo=up))) == \
-      'partly: MOPD recovers math'
+      'partly: MOPD recovers math; GRPO ahead in code'
   one = [_c(0.09), _c(0.0), _c(0.0)]
   assert claims.verdict_recovers(
       rule, m(dict(mopd=one, grpo=flat), dict(mopd=flat, grpo=flat))) == 'no'
