@@ -280,6 +280,12 @@ def test_a_killed_stage_resumes(tmp_path, monkeypatch):
     assert len(diffs) == (c.eval_n_episodes if domains.get(r['domain']).env
                           else c.eval_n)
     np.testing.assert_allclose(r['se'], want, rtol=1e-9, atol=1e-12)
+  # Instruction following's constraint kinds, each check's share met.
+  checks = rows[0]['by_check']
+  assert checks and checks == {
+      k: dict(before=records[0]['scores']['instruction_following'][
+          'by_check'].get(k), after=v)
+      for k, v in after['instruction_following']['by_check'].items()}
   assert json.load(open(tmp_path / 'again' / 'config.json'))['optim']['lr'] == 1e-3
   with pytest.raises(ValueError, match='only RL stages'):
     cascade.rerun_stage(c, str(tmp_path), 'sft', str(tmp_path / 'x'))

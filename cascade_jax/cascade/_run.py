@@ -179,7 +179,8 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
   own) and compared prompt by prompt.
 
   Returns per domain (the stage's own first): before, after, change, the
-  paired standard error of the change and whether it is the stage's own
+  paired standard error of the change, whether it is the stage's own and,
+  where the domain names its checks, each check's share before and after
   (also written to `out_dir`/rerun.json, with the stage's seed and config).
   `stage_seed` (default: the cascade's seed) seeds the stage's training only
   (its prompt order and sampling), not the evaluation: reruns over seeds
@@ -214,6 +215,10 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
                      change=b['pass_rate'] - a['pass_rate'],
                      se=domains.paired_se(list(a['prompt_pass'].items()),
                                           list(b['prompt_pass'].items()))))
+    if b.get('by_check'):    # e.g. each IF constraint kind's share met
+      rows[-1]['by_check'] = {
+          k: dict(before=(a.get('by_check') or {}).get(k), after=v)
+          for k, v in sorted(b['by_check'].items())}
   if train.is_main_process():
     with open(os.path.join(out_dir, 'rerun.json'), 'w') as f:
       json.dump(dict(stage=name, init_from=start_dir, seed=c.seed,
