@@ -17,7 +17,6 @@ with the teachers chosen, every candidate's score and the provenance.
 
 import json
 import os
-import time
 
 import ml_collections
 from absl import app
@@ -84,23 +83,11 @@ def main(argv):
   print('[recover] teachers: ' + ', '.join(
       f"{d} <- {t['stage']} ({t['score']:.3f})" for d, t in teachers.items()))
   for arm in _ARMS.value:
-    meta, t0 = utils.provenance(), time.perf_counter()
-    out = os.path.join(_WORKDIR.value, arm)
-    rows = cascade.rerun_stage(c, _RUN.value, f'{arm}_recover', out)
-    path = os.path.join(out, 'rerun.json')
-    if os.path.exists(path):     # the main process wrote it
-      with open(path) as f:
-        doc = json.load(f)
-      doc['recover'] = dict(after=_AFTER.value, teachers=teachers,
-                            candidates=candidates)
-      doc['meta'] = dict(meta, wall_s=time.perf_counter() - t0)
-      with open(path, 'w') as f:
-        json.dump(doc, f, indent=2)
-    print(utils.format_table(
-        [f'{arm}: domain', 'before', 'after', 'change', '2 SE (paired)'],
-        [[r['domain'] + ('*' if r['own'] else ''), r['before'], r['after'],
-          f"{r['change']:+.3f}", 2 * r['se']] for r in rows]), flush=True)
-
+    rows = cascade.rerun_stage(
+        c, _RUN.value, f'{arm}_recover', os.path.join(_WORKDIR.value, arm),
+        extra=dict(recover=dict(after=_AFTER.value, teachers=teachers,
+                                candidates=candidates)))
+    print(cascade.rerun_table(rows, f'{arm}: domain'), flush=True)
 
 if __name__ == '__main__':
   app.run(main)

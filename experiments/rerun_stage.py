@@ -11,10 +11,6 @@ on every domain as the cascade scores a stage (--config.eval_n,
 own domains.
 """
 
-import json
-import os
-import time
-
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -44,24 +40,10 @@ def main(argv):
   utils.quiet_logs()
   _launch.start()
   utils.enable_compilation_cache()
-  meta, t0 = utils.provenance(), time.perf_counter()
   rows = cascade.rerun_stage(_CONFIG.value, _RUN.value, _STAGE.value,
                              _WORKDIR.value, init_from=_INIT.value,
                              stage_seed=_SEED.value)
-  path = os.path.join(_WORKDIR.value, 'rerun.json')
-  if os.path.exists(path):     # provenance beside the rows
-    with open(path) as f:
-      out = json.load(f)
-    out['meta'] = dict(meta, wall_s=time.perf_counter() - t0)
-    with open(path, 'w') as f:
-      json.dump(out, f, indent=2)
-  print(utils.format_table(
-      ['domain', 'before', 'after', 'change', '2 SE (paired)', ''],
-      [[r['domain'] + ('*' if r['own'] else ''), r['before'], r['after'],
-        f"{r['change']:+.3f}",
-        2 * r['se'], 'beyond' if abs(r['change']) > 2 * r['se'] else 'within']
-       for r in rows]))
-
+  print(cascade.rerun_table(rows))
 
 if __name__ == '__main__':
   app.run(main)

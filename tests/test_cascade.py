@@ -287,6 +287,8 @@ def test_a_killed_stage_resumes(tmp_path, monkeypatch):
           'by_check'].get(k), after=v)
       for k, v in after['instruction_following']['by_check'].items()}
   assert json.load(open(tmp_path / 'again' / 'config.json'))['optim']['lr'] == 1e-3
+  meta = json.load(open(tmp_path / 'again' / 'rerun.json'))['meta']
+  assert meta['commit'] and meta['wall_s'] > 0     # written by rerun_stage
   with pytest.raises(ValueError, match='only RL stages'):
     cascade.rerun_stage(c, str(tmp_path), 'sft', str(tmp_path / 'x'))
   with pytest.raises(ValueError, match="no stage 'rlhf9'"):

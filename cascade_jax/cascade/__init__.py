@@ -4,6 +4,7 @@ from cascade_jax.cascade._plan import KINDS
 from cascade_jax.cascade._plan import plan
 from cascade_jax.cascade._plan import Stage
 from cascade_jax.cascade._run import rerun_stage
+from cascade_jax.cascade._run import rerun_table
 from cascade_jax.cascade._run import eval_sets
 from cascade_jax.cascade._run import run
 from cascade_jax.cascade._run import score_stage

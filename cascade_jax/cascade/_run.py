@@ -25,6 +25,7 @@ from cascade_jax import rl
 from cascade_jax import rollout
 from cascade_jax import sft
 from cascade_jax import train
+from cascade_jax import utils
 from cascade_jax.cascade._plan import plan
 from cascade_jax.cascade._plan import Stage
 
@@ -168,7 +169,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
 
 def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
                 out_dir: str, *, init_from: str = '',
-                stage_seed: int | None = None) -> list[dict]:
+                stage_seed: int | None = None,
+                extra: dict | None = None) -> list[dict]:
   """One RL stage of a finished cascade again, scored against its start.
 
   The stage (with `config`'s settings, e.g. changed hyperparameters) starts
@@ -181,11 +183,13 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
   Returns per domain (the stage's own first): before, after, change, the
   paired standard error of the change, whether it is the stage's own and,
   where the domain names its checks, each check's share before and after
-  (also written to `out_dir`/rerun.json, with the stage's seed and config).
+  (also written to `out_dir`/rerun.json, with the stage's seed and config,
+  `meta`: the run's provenance and wall time, and `extra`'s fields).
   `stage_seed` (default: the cascade's seed) seeds the stage's training only
   (its prompt order and sampling), not the evaluation: reruns over seeds
   are scored on the same prompts with the same sampling keys.
   """
+  meta, t0 = utils.provenance(), time.perf_counter()
   stages = {s.name: s for s in plan(config)}
   if name not in stages:
     raise ValueError(f'rerun_stage: no stage {name!r} in the cascade '
@@ -222,9 +226,21 @@ def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,
   if train.is_main_process():
     with open(os.path.join(out_dir, 'rerun.json'), 'w') as f:
       json.dump(dict(stage=name, init_from=start_dir, seed=c.seed,
-                     config=json.loads(c.to_json_best_effort()), rows=rows),
+                     config=json.loads(c.to_json_best_effort()), rows=rows,
+                     **dict(extra or {}),
+                     meta=dict(meta, wall_s=time.perf_counter() - t0)),
                 f, indent=2)
   return rows
+
+
+def rerun_table(rows: list[dict], label: str = 'domain') -> str:
+  """`rerun_stage`'s rows as a table (* marks the stage's own domains)."""
+  return utils.format_table(
+      [label, 'before', 'after', 'change', '2 SE (paired)', ''],
+      [[r['domain'] + ('*' if r['own'] else ''), r['before'], r['after'],
+        f"{r['change']:+.3f}", 2 * r['se'],
+        'beyond' if abs(r['change']) > 2 * r['se'] else 'within']
+       for r in rows])
 
 
 def _changed(c: ml_collections.ConfigDict, run_dir: str) -> bool:

@@ -136,17 +136,21 @@ def _build(reg: dict, iid: str, kw: dict | None, prompt: str):
   return checker
 
 
-def follows(ids: Sequence[str], kwargs: Sequence[dict], prompt: str,
-            response: str) -> list[bool]:
-  """Strict verdicts, one an instruction (IFEval's strict mode); an empty
-  response follows nothing."""
+def _checkers(ids: Sequence[str], kwargs: Sequence[dict], prompt: str):
   reg = registry()
   bad = unknown_ids(ids)
   if bad:
     raise KeyError(f'instructions that cannot be checked here: {bad}')
-  return [bool(response.strip()) and bool(
-      _build(reg, iid, kw, prompt).check_following(response))
+  return [_build(reg, iid, kw, prompt)
           for iid, kw in zip(ids, kwargs, strict=True)]
+
+
+def follows(ids: Sequence[str], kwargs: Sequence[dict], prompt: str,
+            response: str) -> list[bool]:
+  """Strict verdicts, one an instruction (IFEval's strict mode); an empty
+  response follows nothing."""
+  return [bool(response.strip()) and bool(c.check_following(response))
+          for c in _checkers(ids, kwargs, prompt)]
 
 
 def loose_variants(response: str) -> list[str]:
@@ -161,7 +165,7 @@ def loose_variants(response: str) -> list[str]:
 def follows_loose(ids: Sequence[str], kwargs: Sequence[dict], prompt: str,
                   response: str) -> list[bool]:
   """Loose verdicts: an instruction is followed when any non-empty loose
-  variant of the response follows it."""
-  verdicts = [follows(ids, kwargs, prompt, v)
-              for v in loose_variants(response) if v.strip()]
-  return [any(v[i] for v in verdicts) for i in range(len(ids))]
+  variant of the response follows it (each checker built once)."""
+  variants = [v for v in loose_variants(response) if v.strip()]
+  return [any(bool(c.check_following(v)) for v in variants)
+          for c in _checkers(ids, kwargs, prompt)]

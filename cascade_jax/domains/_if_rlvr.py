@@ -99,6 +99,10 @@ def _same(a: str, b: str) -> bool:
   return a.strip().lower() == b.strip().lower()
 
 
+def _copied(value, *, prompt_to_repeat):
+  return _same(value, prompt_to_repeat)
+
+
 def _sentence_hyphens(value):
   gold = _sentences(value.replace('-', ' '))
   return all(s.strip() == s and s == g
@@ -168,8 +172,7 @@ def _start_end(value):
 # id -> (check(value, **kwargs), the kwargs it needs).
 CHECKS: dict[str, tuple[Callable[..., bool], tuple[str, ...]]] = {
     'copy:repeat_phrase': (_repeat_phrase, ('phrase', 'small_n')),
-    'copy:copy': (lambda v, *, prompt_to_repeat: _same(v, prompt_to_repeat),
-                  ('prompt_to_repeat',)),
+    'copy:copy': (_copied, ('prompt_to_repeat',)),
     'new:copy_span_idx': (
         lambda v, *, prompt_to_repeat, n_start, n_end: _same(
             v, prompt_to_repeat[n_start:n_end]),
@@ -201,9 +204,7 @@ CHECKS: dict[str, tuple[Callable[..., bool], tuple[str, ...]]] = {
         lambda v, *, last_word: bool(v.split()) and _last_word(v)
         == _first(last_word).lower(), ('last_word',)),
     'detectable_format:bigram_wrapping': (_bigram_wrapping, ()),
-    'copy:copying_simple': (
-        lambda v, *, prompt_to_repeat: _same(v, prompt_to_repeat),
-        ('prompt_to_repeat',)),
+    'copy:copying_simple': (_copied, ('prompt_to_repeat',)),
     'copy:copying_multiple': (_copying_multiple, ('prompt_to_repeat', 'N')),
     'punctuation:punctuation_dot': (lambda v: '.' not in v, ()),
     'punctuation:punctuation_exclamation': (lambda v: '!' not in v, ()),
