@@ -39,7 +39,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # experts over the FSDP and expert axes; 'train': the learner's).
   # verifier_reward: 'graded' (the verifier's reward; instruction following:
   # the fraction of constraints met) or 'passed' (1 / 0: all met, the
-  # paper's IF-RL reward).
+  # paper's IF-RL reward). max_staleness: step t's rollouts sampled by the
+  # policy of t - max_staleness updates (0: strictly on-policy), trained
+  # with the decoupled objective; rollout_worker 'process' samples them in
+  # a process of its own while the learner updates (rollout_cpus: its
+  # cores), 'inline' in the learner's process.
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
       temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16, kl_coef=0.0,
@@ -47,7 +51,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       advantage_scale='std', dynamic_filtering=True, max_refill_rounds=2,
       overlong='penalty', routing_replay=True, mopd_reward_weight=0.0,
       trim_bucket=0, sampler_dtype='float32', sampler_layout='inference',
-      behaviour_correction='tis', tis_cap=2.0, verifier_reward='graded'))
+      behaviour_correction='tis', tis_cap=2.0, verifier_reward='graded',
+      max_staleness=0, rollout_worker='inline', rollout_cpus=''))
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',

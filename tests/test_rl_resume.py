@@ -18,7 +18,8 @@ from configs import sft as sft_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Timings differ between any two runs; everything else must not.
-_TIMING = ('time', 'step_s', 'sample_s', 'score_s', 'train_s')
+_TIMING = ('time', 'step_s', 'sample_s', 'score_s', 'train_s',
+           'weight_sync_s', 'rollout_wait_s', 'sampler_wall_s', 'sampler_cpu_s')
 
 
 @pytest.fixture(scope='module')
@@ -39,6 +40,8 @@ def _command(workdir, sft_dir, algorithm):
   if algorithm == 'mopd':
     cmd += ['--config.rl.algorithm=mopd', f'--config.teachers.math={sft_dir}',
             '--config.rl.dynamic_filtering=False']
+  if algorithm == 'decoupled':   # GRPO from a sampler process, 1 step ahead
+    cmd += ['--config.rl.max_staleness=1', '--config.rl.rollout_worker=process']
   return cmd
 
 
@@ -73,7 +76,7 @@ def _final_state(workdir, sft_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('algorithm', ['grpo', 'mopd'])
+@pytest.mark.parametrize('algorithm', ['grpo', 'mopd', 'decoupled'])
 def test_a_killed_rl_stage_resumes_bit_identically(sft_dir, tmp_path,
                                                    algorithm):
   whole, cut = str(tmp_path / 'whole'), str(tmp_path / 'cut')

@@ -20,6 +20,10 @@ from cascade_jax.rl._collect import shared_rewards
 from cascade_jax.rl._collect import step_metrics
 from cascade_jax.rl._collect import verifier_rewards
 from cascade_jax.rl._config import RLConfig
+from cascade_jax.rl._decoupled import InlineRollouts
+from cascade_jax.rl._decoupled import policy_version
+from cascade_jax.rl._decoupled import ProcessRollouts
+from cascade_jax.rl._decoupled import Rollout
 from cascade_jax.rl._learner import check_on_policy
 from cascade_jax.rl._learner import exact_moe
 from cascade_jax.rl._learner import freeze

@@ -54,6 +54,10 @@ class RLBatch:
   advantages: np.ndarray | jax.Array | None = None   # [B] float32
   ref_logp: np.ndarray | jax.Array | None = None     # [B, T] float32
   teacher_logp: np.ndarray | jax.Array | None = None  # [B, T] float32
+  # [B, T] float32: the current policy's log-probs before the update (the
+  # proximal policy of the decoupled objective; stale rollouts with more
+  # than one update a batch).
+  prox_logp: np.ndarray | jax.Array | None = None
   domains: tuple[str, ...] = ()
   learn: bool = True
 

@@ -14,6 +14,7 @@ from cascade_jax import rollout
 SAMPLER_DTYPES = ('float32', 'bfloat16')
 CORRECTIONS = ('tis', 'mask', 'none')
 SAMPLER_LAYOUTS = ('inference', 'train')
+ROLLOUT_WORKERS = ('inline', 'process')
 
 
 VERIFIER_REWARDS = ('graded', 'passed')
@@ -85,6 +86,21 @@ class RLConfig:
   # the learner. (MOPD's loss always weighs by that ratio, truncated.)
   behaviour_correction: str = 'tis'
   tis_cap: float = 2.0
+  # Decoupled rollouts (`rl._decoupled`): step t's rollouts are sampled by
+  # the policy of max(t - max_staleness, 0) updates, so a sampler can
+  # generate the next steps' while the learner updates (0: the paper's
+  # strict on-policy loop). Stale rollouts are trained with the decoupled
+  # objective: the sampler's log-probs are the behaviour policy (weighed by
+  # `behaviour_correction`, capped at `tis_cap`), the current policy the
+  # proximal one the clipped ratio is taken against.
+  max_staleness: int = 0
+  # Where rollouts are collected (sampled, scored, filtered): 'inline' (the
+  # learner's process, when a step asks) or 'process' (a sampler process of
+  # its own, `max_staleness` steps ahead, the weights sent after each
+  # update). `rollout_cpus`: the CPU cores that process is pinned to
+  # ('1' or '2,3'; '': any).
+  rollout_worker: str = 'inline'
+  rollout_cpus: str = ''
 
   def episode_config(self, domain_names: Sequence[str]
                      ) -> rollout.EpisodeConfig:
@@ -101,9 +117,9 @@ class RLConfig:
   def correction(self, learner_dtype) -> str:
     """The behaviour correction the loss applies when the learner's
     weights are `learner_dtype`: 'none' when the sampler reads them as
-    they are."""
+    they are and is never behind (`max_staleness` 0)."""
     exact = (jnp.dtype(self.sampler_dtype).itemsize >=
-             jnp.dtype(learner_dtype).itemsize)
+             jnp.dtype(learner_dtype).itemsize and not self.max_staleness)
     return 'none' if exact else self.behaviour_correction
 
   @property
@@ -140,6 +156,22 @@ class RLConfig:
     if self.behaviour_correction not in CORRECTIONS:
       raise ValueError(f'rl.behaviour_correction: '
                        f'{self.behaviour_correction!r} not in {CORRECTIONS}')
+    if self.max_staleness < 0:
+      raise ValueError(f'rl.max_staleness must be >= 0, got '
+                       f'{self.max_staleness}')
+    if self.rollout_worker not in ROLLOUT_WORKERS:
+      raise ValueError(f'rl.rollout_worker: {self.rollout_worker!r} not in '
+                       f'{ROLLOUT_WORKERS}')
+    try:
+      cpus = [int(c) for c in str(self.rollout_cpus).split(',') if c.strip()]
+    except ValueError:
+      cpus = [-1]
+    if any(c < 0 for c in cpus):
+      raise ValueError(f'rl.rollout_cpus: {self.rollout_cpus!r} is not a '
+                       "comma-separated list of CPU core numbers ('1', '2,3')")
+    if cpus and self.rollout_worker != 'process':
+      raise ValueError("rl.rollout_cpus pins the sampler process: it needs "
+                       "rl.rollout_worker='process'")
     if not self.tis_cap >= 1.0:
       raise ValueError(f'rl.tis_cap must be >= 1, got {self.tis_cap}')
     for k in ('updates_per_batch', 'micro_batches'):

@@ -171,16 +171,24 @@ def _fwd(batch: RLBatch) -> dict[str, jax.Array]:
 def _loss(logp, batch: RLBatch, cfg: RLConfig, off_policy: bool, counts,
           correction: str = 'none'):
   """The stage's loss. `correction` ('tis', 'mask' or 'none'): how GRPO
-  weighs a token sampled by a sampler that is not the learner (on-policy
-  steps; with several updates a batch the ratio is taken against the
-  sampler's log-probs already)."""
+  weighs a token sampled by a sampler that is not the learner (a narrower
+  dtype, or a stale policy). With several updates a batch the ratio is
+  taken against the sampler's log-probs, or, for stale rollouts, against
+  the proximal policy's (`batch.prox_logp`, the decoupled objective), the
+  sampler's then weighed as the behaviour policy's."""
   if cfg.algorithm == 'grpo':
-    behaviour = {} if off_policy or correction == 'none' else dict(
-        sampler_logp=batch.sampler_logp, tis_cap=cfg.tis_cap,
-        sampler_mask=correction == 'mask')
+    # The clipped ratio's old policy: the proximal one where computed
+    # (stale rollouts, several updates), else the sampler's with several
+    # updates, else none (ratio 1). The behaviour weight: the sampler's
+    # log-probs against that old policy (or the current one).
+    prox = batch.prox_logp
+    old = prox if prox is not None else (
+        batch.sampler_logp if off_policy else None)
+    weigh = correction != 'none' and (prox is not None or not off_policy)
+    behaviour = dict(sampler_logp=batch.sampler_logp, tis_cap=cfg.tis_cap,
+                     sampler_mask=correction == 'mask') if weigh else {}
     return losses.grpo_loss(
-        logp, batch.advantages, batch.mask,
-        old_logp=batch.sampler_logp if off_policy else None,
+        logp, batch.advantages, batch.mask, old_logp=old,
         ref_logp=batch.ref_logp, clip_eps_low=cfg.clip_eps_low,
         clip_eps_high=cfg.clip_eps_high, kl_coef=cfg.kl_coef, **behaviour,
         **counts)
@@ -248,6 +256,16 @@ def update(state: train.TrainState, batch: RLBatch, *, graph, opt,
   worst = lambda k: k.endswith('_max') or k.startswith('dropped')
   return state, {k: jnp.max(v) if worst(k) else jnp.mean(v)
                  for k, v in ms.items()}
+
+
+@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'moe'))
+def proximal_logprobs(params, rest, batch: RLBatch, *, graph, cfg: RLConfig,
+                      moe: tuple = ()):
+  """The current policy's log-probs [B, T] of the batch's tokens, before an
+  update: the proximal policy of the decoupled objective."""
+  logp, _, _ = _forward_logp(params, rest, graph, _fwd(batch),
+                             batch.expert_idx, cfg.sample_config, moe)
+  return logp
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'moe'))
@@ -391,6 +409,9 @@ class Learner:
                     parts=self.parts(batch.num_rows))
     self.capacity = max(self.capacity, dict(moe).get('moe_capacity', 0))
     dev, extra = self.prepare(batch)
+    if cfg.max_staleness and cfg.updates_per_batch > 1:
+      dev = dev.replace(prox_logp=proximal_logprobs(
+          state.params, state.rest, dev, graph=self.graph, cfg=cfg, moe=moe))
     state, m = update(state, dev, graph=self.graph, opt=self.opt, cfg=cfg,
                       moe=moe, correction=self.correction(state))
     m = _floats(sharding.to_host(dict(m, **extra)))

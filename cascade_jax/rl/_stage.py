@@ -27,6 +27,7 @@ from cascade_jax import metrics as metrics_lib
 from cascade_jax import reward_model
 from cascade_jax import rollout
 from cascade_jax import train
+from cascade_jax.rl import _decoupled
 from cascade_jax.rl._collect import collect
 from cascade_jax.rl._collect import PromptStream
 from cascade_jax.rl._collect import step_metrics
@@ -35,6 +36,8 @@ from cascade_jax.rl._config import RLConfig
 from cascade_jax.rl._learner import freeze
 from cascade_jax.rl._learner import Learner
 from cascade_jax.rl._learner import load_teachers
+from cascade_jax.rl._sync import sampler_ctx
+from cascade_jax.rl._sync import sampler_state
 from cascade_jax.rl._sync import SamplerWeights
 
 
@@ -47,8 +50,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   graph, state = setup.init_state(policy, opt)
   learner = _learner(config, setup, graph, policy, opt, rc)
   data = _stage_data(config)
-  rewards = _rewards(config, setup, data.domains, rc)
-  state, start = _resume(setup, state, data.stream, learner)
+  # A sampler process scores its own rollouts (and loads any reward model).
+  rewards = (_rewards(config, setup, data.domains, rc)
+             if rc.rollout_worker == 'inline' else None)
+  state, start, pending = _resume(setup, state, data.stream, learner)
   # Rows past the checkpoint were written by the run that was killed: the
   # steps after it run again and write them anew.
   writer = setup.writer(keep=lambda row: _written_before(row, start,
@@ -57,35 +62,42 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     _evaluate(graph, state, tok, data.evals, writer, 0, config)
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
-  key0 = jax.random.key(config.seed)
   sampler = SamplerWeights(graph, rc.sampler_dtype, ctx=setup.ctx,
                            layout=rc.sampler_layout)
   if sampler.copies(state):
     print(f'[rl] the sampler runs a {rc.sampler_dtype} copy of the weights '
           f'in the {rc.sampler_layout} layout; the loss corrects for its '
           f'dtype: {learner.correction(state)}')
-  for step in range(start, config.steps):
-    t0 = time.perf_counter()
-    batch, stats = collect(sampler.model(state), tok,
-                           data.stream, rc, jax.random.fold_in(key0, step),
-                           reward_fn=rewards.fn, bounded_rewards=rewards.bounded,
-                           host_rewards=rewards.model is None,
-                           episodes=rewards.episodes)
-    t1 = time.perf_counter()
-    state, m = learner.step(state, batch)
-    m = dict(step_metrics(stats), **m, **rewards.metrics())
-    if sampler.copies(state):
-      m['weight_sync_s'] = sampler.last_sync_s
-    if batch.learn:
-      m['train_s'] = time.perf_counter() - t1
-    m['step_s'] = time.perf_counter() - t0
-    _log(writer, progress, step + 1, m, config)
-    if config.eval_every and (step + 1) % config.eval_every == 0 and (
-        step + 1 < config.steps):
-      _evaluate(graph, state, tok, data.evals, writer, step + 1, config)
-    if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-      setup.save(step + 1, state, {'prompt_position': data.stream.position,
-                                   'moe_capacity': learner.capacity})
+  source = _rollouts(config, setup, rc, sampler, tok, data, rewards)
+  source.start(start, state, pending, data.stream.position)
+  try:
+    for step in range(start, config.steps):
+      t0 = time.perf_counter()
+      ro = source.get(step)
+      batch, stale = _decoupled.drop_stale(ro, step, rc.max_staleness)
+      t1 = time.perf_counter()
+      state, m = learner.step(state, batch)
+      t2 = time.perf_counter()
+      source.publish(step + 1, state)
+      m = dict(step_metrics(ro.stats), **m, **ro.stats['reward_metrics'])
+      if batch.learn:
+        m['train_s'] = t2 - t1
+      if sampler.copies(state) or rc.rollout_worker == 'process':
+        m['weight_sync_s'] = source.last_sync_s
+      if rc.max_staleness or rc.rollout_worker == 'process':
+        m.update(policy_staleness=step - ro.version, stale_dropped=stale,
+                 rollout_wait_s=t1 - t0, sampler_wall_s=ro.wall_s)
+      if rc.rollout_worker == 'process':
+        m['sampler_cpu_s'] = ro.cpu_s
+      m['step_s'] = time.perf_counter() - t0
+      _log(writer, progress, step + 1, m, config)
+      if config.eval_every and (step + 1) % config.eval_every == 0 and (
+          step + 1 < config.steps):
+        _evaluate(graph, state, tok, data.evals, writer, step + 1, config)
+      if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+        _save(setup, step + 1, state, source, learner, ro)
+  finally:
+    source.close()
   setup.ckpt.wait()
   scores = _evaluate(graph, state, tok, data.evals, writer, config.steps,
                      config)
@@ -130,7 +142,7 @@ def domain_options(data: dict, domain: str) -> dict:
   return {**out, **((data.get('per_domain') or {}).get(domain) or {})}
 
 
-def _stage_data(config) -> _Data:
+def _stage_data(config, *, evals: bool = True) -> _Data:
   """The stage's prompt stream (its domains' train splits, one shuffled
   stream) and eval sets; `data.per_domain.<name>` options over the rest."""
   data = config.data.to_dict()
@@ -152,7 +164,7 @@ def _stage_data(config) -> _Data:
   # eval_n = 0: no evaluation here (the cascade evaluates every domain).
   evals = {d: domains.generate(d, split='eval', n=config.eval_n,
                                seed=config.seed, **opts[d])
-           for d in doms} if config.eval_n else {}
+           for d in doms} if config.eval_n and evals else {}
   return _Data(doms, stream, evals)
 
 
@@ -193,16 +205,98 @@ def _rewards(config, setup, doms, rc: RLConfig) -> _Rewards:
 
 
 def _resume(setup, state, stream: PromptStream, learner: Learner):
-  """(state, first step): from the latest checkpoint, with the prompt
-  position and the learner's MoE capacity, or a fresh start."""
+  """(state, first step, queued rollouts): from the latest checkpoint, with
+  the prompt position, the learner's MoE capacity and the rollouts a
+  decoupled run had sampled ahead, or a fresh start."""
   state, extra = setup.resume(state)
   if extra is None:
-    return state, 0
+    return state, 0, []
   start = setup.ckpt.latest_step()  # RL steps
   stream.position = int(extra['prompt_position'])
   learner.capacity = int(extra.get('moe_capacity', 0))
-  print(f'[rl] resumed from step {start}')
-  return state, start
+  pending = (_decoupled.load_pending(setup.workdir, extra['pending_rollouts'])
+             if extra.get('pending_rollouts') else [])
+  print(f'[rl] resumed from step {start}' + (
+      f' with {len(pending)} step(s) of rollouts sampled ahead'
+      if pending else ''))
+  return state, start, pending
+
+
+def _save(setup, step: int, state, source, learner: Learner,
+          last: _decoupled.Rollout) -> None:
+  """A checkpoint at `step`, with the prompt position after the rollouts
+  already sampled (those of later steps saved beside it)."""
+  pending = source.pending(step)
+  extra = {'prompt_position': (pending[-1] if pending else last).position,
+           'moe_capacity': learner.capacity}
+  if pending and train.is_main_process():
+    extra['pending_rollouts'] = _decoupled.save_pending(setup.workdir, step,
+                                                        pending)
+  setup.save(step, state, extra)
+  if train.is_main_process():
+    _decoupled.prune_pending(setup.workdir,
+                             set(setup.ckpt.all_steps()) | {step})
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+def _collector(config, rc: RLConfig, tok, data: _Data, rewards: _Rewards):
+  """(sampler model, step) -> (batch, stats): one step's collection, its
+  key the stage seed's for that step."""
+  key0 = jax.random.key(config.seed)
+
+  def collect_step(model, step: int):
+    batch, stats = collect(model, tok, data.stream, rc,
+                           jax.random.fold_in(key0, step),
+                           reward_fn=rewards.fn,
+                           bounded_rewards=rewards.bounded,
+                           host_rewards=rewards.model is None,
+                           episodes=rewards.episodes)
+    return batch, dict(stats, reward_metrics=rewards.metrics())
+  return collect_step
+
+
+def _rollouts(config, setup, rc: RLConfig, sampler: SamplerWeights, tok,
+              data: _Data, rewards: _Rewards):
+  """The stage's rollout source (`_decoupled`: inline or a sampler process)."""
+  if rc.rollout_worker == 'inline':
+    return _decoupled.InlineRollouts(_collector(config, rc, tok, data, rewards),
+                                     data.stream, sampler, rc.max_staleness,
+                                     config.steps)
+  cpus = tuple(int(c) for c in str(rc.rollout_cpus).split(',') if c.strip())
+  print(f'[rl] rollouts from a sampler process, at most {rc.max_staleness} '
+        'update(s) behind' + (f', on CPU cores {cpus}' if cpus else ''))
+  return _decoupled.ProcessRollouts(config, setup.workdir, sampler,
+                                    rc.max_staleness, config.steps, cpus=cpus)
+
+
+def sampler_side(config, workdir: str):
+  """What a sampler process builds from the stage's config, as the stage
+  does: (collect (model, step), prompt stream, model of the weights the
+  learner sends (host arrays, `jax.tree.leaves((params, rest))` of the
+  sampler's copy))."""
+  # The learner's mesh and the sampler's layout on it, as the stage's
+  # inline sampler has them (the same programs, so the same draws).
+  ctx = train.mesh_ctx(config)
+  setup = train.Setup(config, workdir, 'rl-sampler', ctx,
+                      train.memory_overrides(config), ckpt=None)
+  cfg, _, tok = train.model_shell(setup.path(config.init_from),
+                                  memory=setup.memory)
+  rc = RLConfig(**config.rl.to_dict())
+  data = _stage_data(config, evals=False)
+  rewards = _rewards(config, setup, data.domains, rc)
+  graph, params, rest = sampler_state(
+      cfg, rc.sampler_dtype, sampler_ctx(cfg, ctx, rc.sampler_layout))
+  target = jax.tree.leaves((params, rest))
+  treedef = jax.tree.structure((params, rest))
+
+  def model_of(leaves):
+    p, r = jax.tree.unflatten(treedef, [
+        jax.device_put(x, getattr(t, 'sharding', None))
+        for x, t in zip(leaves, target, strict=True)])
+    return nnx.merge(graph, p, r)
+  return _collector(config, rc, tok, data, rewards), data.stream, model_of
 
 
 # ---------------------------------------------------------------- outputs

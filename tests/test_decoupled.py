@@ -1,0 +1,171 @@
+"""Decoupled rollouts (`rl.max_staleness`, `rl.rollout_worker`): a sampler process that runs ahead of the learner.
+
+On the main job's model (the quick SFT of configs/sft.py, its capacity
+dispatch), through the RL stage as users run it.
+"""
+
+import json
+import os
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import rl as rl_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import sft as sft_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+from cascade_jax import checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from cascade_jax import rl  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from cascade_jax import sft  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from cascade_jax.rl import _decoupled  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Timings differ between any two runs; everything else must not.
+_TIMING = ('time', 'step_s', 'sample_s', 'score_s', 'train_s', 'weight_sync_s',
+           'rollout_wait_s', 'sampler_wall_s', 'sampler_cpu_s')
+# Only the decoupled runs log these.
+_DECOUPLED = ('policy_staleness', 'stale_dropped')
+
+
+@pytest.fixture(scope='module')
+def sft_dir(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp('sft'))
+  c = sft_config.get_config('quick')
+  c.steps, c.eval_n = 6, 0
+  sft.run(c, d)
+  return d
+
+
+def _run(sft_dir, workdir, worker: str, staleness: int, **rl_fields):
+  c = rl_config.get_config('quick')
+  c.init_from, c.steps, c.eval_n, c.checkpoint_every = sft_dir, 4, 0, 2
+  c.rl.dynamic_filtering = False      # every step learns
+  # Graded rewards (the share of constraints met, cut replies scored as
+  # they are) spread even for a weak policy, so every step moves it.
+  c.data.domain, c.rl.overlong = 'instruction_following', 'none'
+  c.rl.rollout_worker, c.rl.max_staleness = worker, staleness
+  for k, v in rl_fields.items():
+    c.rl[k] = v
+  rl.run(c, str(workdir))
+  with open(os.path.join(workdir, 'rl_metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  return [r for r in rows if 'reward_mean' in r]
+
+
+def _same(rows, drop=()):
+  return [{k: v for k, v in r.items() if k not in _TIMING + drop}
+          for r in rows]
+
+
+def test_policy_version_schedule_is_fixed():
+  assert [rl.policy_version(t, 0) for t in range(5)] == [0, 1, 2, 3, 4]
+  assert [rl.policy_version(t, 1) for t in range(5)] == [0, 0, 1, 2, 3]
+  assert [rl.policy_version(t, 2) for t in range(5)] == [0, 0, 0, 1, 2]
+
+
+def test_staleness_and_rollout_worker_config_errors():
+  with pytest.raises(ValueError, match='max_staleness must be >= 0'):
+    rl.RLConfig(max_staleness=-1)
+  with pytest.raises(ValueError, match="rollout_worker: 'thread'"):
+    rl.RLConfig(rollout_worker='thread')
+  with pytest.raises(ValueError, match='not a comma-separated list'):
+    rl.RLConfig(rollout_worker='process', rollout_cpus='one')
+  with pytest.raises(ValueError, match="needs rl.rollout_worker='process'"):
+    rl.RLConfig(rollout_cpus='1')
+  # Stale rollouts are corrected even with the learner's own dtype.
+  assert rl.RLConfig().correction('float32') == 'none'
+  assert rl.RLConfig(max_staleness=1).correction('float32') == 'tis'
+  assert rl.RLConfig(max_staleness=1, behaviour_correction='mask'
+                     ).correction('float32') == 'mask'
+
+
+def test_staleness_drops_rollouts_older_than_the_bound():
+  ones = np.ones((4, 3), np.int32)
+  b = rl.RLBatch(inputs=ones, targets=ones, positions=ones, segment_ids=ones,
+                 mask=ones, sampler_logp=np.zeros((4, 3), np.float32),
+                 rewards=np.ones(4, np.float32), domains=('math',) * 4)
+  r = rl.Rollout(step=5, version=3, batch=b, stats={}, position=8)
+  kept, dropped = _decoupled.drop_stale(r, 5, 2)
+  assert dropped == 0 and kept is b
+  out, dropped = _decoupled.drop_stale(r, 5, 1)
+  assert dropped == 4 and not out.learn
+  assert out.mask.sum() == 0 and out.rewards.sum() == 0
+  assert out.inputs.shape == b.inputs.shape and out.domains == b.domains
+
+
+def test_decoupled_process_at_staleness_0_equals_the_synchronous_loop(
+    sft_dir, tmp_path):
+  sync = _run(sft_dir, tmp_path / 'sync', 'inline', 0)
+  proc = _run(sft_dir, tmp_path / 'proc', 'process', 0)
+  assert [r['step'] for r in proc] == [1, 2, 3, 4]
+  assert _same(proc, _DECOUPLED) == _same(sync)
+  assert all(r['policy_staleness'] == 0 and r['stale_dropped'] == 0
+             for r in proc)
+  assert all(r['sampler_cpu_s'] > 0 and r['weight_sync_s'] > 0
+             for r in proc[:-1])
+
+
+def test_decoupled_process_at_staleness_1_follows_the_schedule(sft_dir,
+                                                               tmp_path):
+  inline = _run(sft_dir, tmp_path / 'inline', 'inline', 1)
+  proc = _run(sft_dir, tmp_path / 'proc', 'process', 1)
+  # The sampler process draws exactly what the schedule says: its batches
+  # and the learner's updates on them equal the one-process schedule's.
+  assert _same(proc) == _same(inline)
+  assert [r['policy_staleness'] for r in proc] == [0, 1, 1, 1]
+  # Stale steps are trained with the decoupled objective: the behaviour
+  # weight is applied and the sampler's log-probs differ from the
+  # learner's by more than rounding once the policy has moved.
+  assert all('is_weight_mean' in r for r in proc)
+  assert proc[0]['sampler_mismatch_max'] < 1e-4
+  assert max(r['sampler_mismatch_max'] for r in proc[1:]) > 1e-4
+  sync = _run(sft_dir, tmp_path / 'sync', 'inline', 0)
+  assert proc[0]['loss'] == pytest.approx(sync[0]['loss'], abs=1e-6)
+  assert proc[0]['reward_mean'] == sync[0]['reward_mean']
+  # Once an update has moved the policy, a stale step draws other
+  # rollouts than the synchronous loop's.
+  moved = [i for i, r in enumerate(sync[:-1]) if r['grad_norm'] > 0]
+  assert moved, 'no update moved the policy: the test cannot tell'
+  after = moved[0] + 1
+  assert all(p['entropy'] != s['entropy']
+             for p, s in zip(proc[after:], sync[after:]))
+  # The checkpoint at step 2 keeps step 2's rollouts, sampled ahead by
+  # version 1, and the prompt position after them.
+  ck = checkpoint.Checkpointer(str(tmp_path / 'proc' / 'checkpoints'))
+  try:
+    assert ck.all_steps() == [2, 4]
+    _, extra = ck.read(2)
+  finally:
+    ck.close()
+  path = tmp_path / 'proc' / 'rollouts' / 'step_2.pkl'
+  with open(path, 'rb') as f:
+    queued = pickle.load(f)
+  assert [(r.step, r.version) for r in queued] == [(2, 1)]
+  assert queued[0].batch.mask.sum() > 0 and queued[0].position > 0
+  assert extra['pending_rollouts'] == 'step_2.pkl'
+  assert extra['prompt_position'] == queued[0].position
+  assert sorted(os.listdir(tmp_path / 'proc' / 'rollouts')) == ['step_2.pkl']
+
+
+def test_decoupled_staleness_with_several_updates_uses_the_proximal_policy(
+    sft_dir, tmp_path):
+  # Two updates a batch on stale rollouts: the clipped ratio is taken
+  # against the current policy's log-probs before the update (proximal),
+  # the sampler's weighed as the behaviour policy's.
+  rows = _run(sft_dir, tmp_path / 'prox', 'inline', 1, updates_per_batch=2)
+  assert [r['policy_staleness'] for r in rows] == [0, 1, 1, 1]
+  assert all('is_weight_mean' in r and 'clip_fraction' in r for r in rows)
+  assert all(np.isfinite(r['loss']) for r in rows)
+
+
+def test_decoupled_sampler_process_failure_names_its_cause(sft_dir,
+                                                           tmp_path):
+  # A failure in the sampler process (here: pinning it to a core this
+  # machine lacks) reaches the learner with the worker's traceback.
+  c = rl_config.get_config('quick')
+  c.init_from, c.steps, c.eval_n = sft_dir, 2, 0
+  c.rl.rollout_worker, c.rl.rollout_cpus = 'process', '4095'
+  with pytest.raises(RuntimeError, match='the sampler process failed') as e:
+    rl.run(c, str(tmp_path))
+  assert 'sched_setaffinity' in str(e.value)
