@@ -69,15 +69,15 @@ class _Sampler(threading.Thread):
 
   def __init__(self):
     super().__init__(daemon=True)
-    self.samples, self._stop = [], threading.Event()
+    self.samples, self._done = [], threading.Event()
 
   def run(self):
-    while not self._stop.is_set():
+    while not self._done.is_set():
       self.samples.append((time.time(), _cpu_times()))
-      self._stop.wait(0.5)
+      self._done.wait(0.5)
 
   def stop(self):
-    self._stop.set()
+    self._done.set()
     self.join()
     self.samples.append((time.time(), _cpu_times()))
 
