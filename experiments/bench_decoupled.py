@@ -10,7 +10,9 @@ from the run's checkpoint of its start (the stage's own config otherwise):
 - `decoupled`: the learner pinned to core 0 (`taskset`), the sampler
   process to core 1 (`rl.rollout_worker=process`, `rl.rollout_cpus=1`),
   `rl.max_staleness=--staleness`: it samples step t + 1 while the learner
-  updates on step t.
+  updates on step t;
+- `decoupled_shared`: the same without pinning (both processes on every
+  core, the OS scheduling them).
 Each arm's stage window is from its first step's start to its last step's
 end (the metrics rows' times; the evaluations before and after are outside
 it). Printed and written (results.json, README.md): steps per second and
@@ -47,6 +49,8 @@ _OUT = flags.DEFINE_string('out', None, 'Results directory.', required=True)
 _STALENESS = flags.DEFINE_integer('staleness', 1, 'The decoupled arm\'s '
                                   'rl.max_staleness.')
 _ARMS = flags.DEFINE_list('arms', ['sync', 'decoupled'], 'Arms, in order.')
+_INIT = flags.DEFINE_string('init_from', '', "Start from this stage of the "
+                            "run instead of the stage's own start.")
 _SET = flags.DEFINE_multi_string('set', [], 'Extra --config.stages.STAGE.KEY=V '
                                  'overrides for both arms (KEY=V).')
 
@@ -94,12 +98,18 @@ def _arm(name: str, workdir: str) -> list[str]:
          f'--config={_CONFIG.value}', f'--run={_RUN.value}',
          f'--stage={_STAGE.value}', f'--workdir={workdir}']
   cmd += [f'{st}.{kv}' for kv in _SET.value]
+  if _INIT.value:
+    cmd.append(f'--init_from={_INIT.value}')
+  decoupled = [f'{st}.rl.max_staleness={_STALENESS.value}',
+               f'{st}.rl.rollout_worker=process']
   if name == 'decoupled':
-    cmd = ['taskset', '-c', '0'] + cmd + [
-        f'{st}.rl.max_staleness={_STALENESS.value}',
-        f'{st}.rl.rollout_worker=process', f'{st}.rl.rollout_cpus=1']
-  elif name != 'sync':
-    raise ValueError(f'unknown arm {name!r} (sync, decoupled)')
+    return ['taskset', '-c', '0'] + cmd + decoupled + [
+        f'{st}.rl.rollout_cpus=1']
+  if name == 'decoupled_shared':
+    return cmd + decoupled
+  if name != 'sync':
+    raise ValueError(f'unknown arm {name!r} (sync, decoupled, '
+                     'decoupled_shared)')
   return cmd
 
 
@@ -166,15 +176,15 @@ def main(argv):
                          total_s=time.perf_counter() - t0)
   out = dict(meta=utils.provenance(), stage=_STAGE.value, run=_RUN.value,
              staleness=_STALENESS.value, arms=results)
-  if {'sync', 'decoupled'} <= set(results):
-    out['ratio'] = (results['decoupled']['steps_per_s'] /
-                    results['sync']['steps_per_s'])
+  if 'sync' in results:
+    out['ratio'] = {a: r['steps_per_s'] / results['sync']['steps_per_s']
+                    for a, r in results.items() if a != 'sync'}
   with open(os.path.join(_OUT.value, 'results.json'), 'w') as f:
     json.dump(out, f, indent=2)
   table = _table(results)
   print(table)
-  if 'ratio' in out:
-    print(f"decoupled / sync steps per second: {out['ratio']:.3f}")
+  for a, x in out.get('ratio', {}).items():
+    print(f'{a} / sync steps per second: {x:.3f}')
 
 
 if __name__ == '__main__':
