@@ -159,3 +159,24 @@ def test_steps_to_the_teacher_on_known_curves():
   none = mvg.summarize([None, None], horizon=8)
   assert none['reached'] == 0 and none['mean'] is None
   assert none['mean_censored'] == 8.0
+
+
+def test_decoupled_model_adds_the_plans_phases(tmp_path):
+  # The pod model of a decoupled GRPO step from the committed plan rows:
+  # the synchronous step is the sum of its phases, each split overlaps
+  # them, and no split beats running both phases on every chip when
+  # generation alone takes most of the step.
+  out = tmp_path / 'model.json'
+  subprocess.run([sys.executable, "-m", "experiments.decoupled_model",
+                  f"--out={out}"], cwd=_ROOT, check=True, capture_output=True,
+                 timeout=120)
+  m = json.loads(out.read_text())
+  p = m['phases']
+  assert m['sync_step_s'] == pytest.approx(
+      p['generation_s'] + p['update_s'] + p['sync_s'])
+  assert p['rows'] == 2048 and p['micro_batches'] == 64
+  for s in m['splits']:
+    assert s['learner_chips'] + s['sampler_chips'] == p['chips']
+    assert s['step_s'] == pytest.approx(
+        max(s['generation_s'], s['update_s']) + p['sync_s'])
+  assert p['generation_s'] > p['update_s'] and m['best']['speedup'] < 1

@@ -1,0 +1,137 @@
+"""A roofline model of one GRPO step on a pod, synchronous against decoupled, from the AOT plan's phase times.
+
+  python -m experiments.decoupled_model \
+      --learner=docs/results/plan_2026-12-02_issue29/results.json \
+      --sampler=docs/results/plan_decode_2026-12-03/inference_direct/results.json
+
+Not a measurement: each phase's time is the plan's v5p roofline for its
+compiled step (max(FLOPs / peak, HBM bytes / bandwidth), communication not
+counted), scaled to the recipe's batch:
+- update: the GRPO step's counted time (one 10,239-position rollout a
+  chip, `--mesh`), times the micro-batches the recipe's batch needs
+  (`--prompts` x `--rollouts` rollouts over the chips);
+- generation: the decode step's compiled time (8 rows a chip, a
+  10,240-slot cache) times `--response` tokens, plus the prefill's counted
+  time, times the rounds of rows the batch needs (every row decoded to the
+  budget: no long tail, no continuous batching);
+- sync: the weight sync's compiled time; rewards: not modelled (host work,
+  overlapped with the next round's decoding in both loops).
+
+The synchronous step is generation + update + sync on all `chips`. A
+decoupled step gives S chips to the sampler and L = chips - S to the
+learner and overlaps them: max(generation x chips / S, update x chips / L)
++ sync, each phase's time scaled by the chips it loses (both are bound by
+per-chip work: weights read per chip for decoding, FLOPs per chip for the
+update). L must hold the learner: at least `--min_learner_chips` (the
+plan's smallest slice where GRPO fits v5p's 95 GB: 8 chips).
+"""
+
+import json
+
+from absl import app
+from absl import flags
+
+_LEARNER = flags.DEFINE_string(
+    'learner', 'docs/results/plan_2026-12-02_issue29/results.json',
+    'Plan results with the grpo and prefill rows.')
+_SAMPLER = flags.DEFINE_string(
+    'sampler', 'docs/results/plan_decode_2026-12-03/inference_direct/'
+    'results.json', 'Plan results with the decode and sync rows (compiled '
+    'at depth).')
+_MESH = flags.DEFINE_string('mesh', 'v5p-64 (32)', 'The rows\' mesh.')
+_PROMPTS = flags.DEFINE_integer('prompts', 128, 'Prompts a step (recipe).')
+_ROLLOUTS = flags.DEFINE_integer('rollouts', 16, 'Rollouts a prompt (recipe).')
+_RESPONSE = flags.DEFINE_integer('response', 8192, 'Decode steps a round.')
+_PROMPT = flags.DEFINE_integer('prompt', 2048, 'Prompt tokens (tokens/s).')
+_MIN_L = flags.DEFINE_integer('min_learner_chips', 8,
+                              'Fewest chips the learner fits on.')
+_OUT = flags.DEFINE_string('out', '', 'Writes model.json here if set.')
+
+
+def _row(path, mesh, step):
+  with open(path) as f:
+    rows = json.load(f)
+  for r in rows:
+    if r['mesh'] == mesh and r['step'] == step:
+      return r
+  raise ValueError(f'{path}: no {step} row on {mesh}')
+
+
+def _ms(r):
+  """The compiled roofline where the plan has it, else the counted one."""
+  v = r.get('v5p ms')
+  return v if v == v and v is not None else r['v5p ms (counted)']
+
+
+def phases(mesh: str) -> dict:
+  grpo = _row(_LEARNER.value, mesh, 'grpo')
+  prefill = _row(_LEARNER.value, mesh, 'prefill')
+  decode = _row(_SAMPLER.value, mesh, 'decode')
+  sync = _row(_SAMPLER.value, mesh, 'sync')
+  chips = int(mesh.split('(')[1].rstrip(')'))
+  rows = _PROMPTS.value * _ROLLOUTS.value
+  # The update's compiled step: one rollout a chip.
+  micro = -(-rows // chips)
+  # The sampler's: decode['tokens'] rows over the mesh.
+  rounds = -(-rows // decode['tokens'])
+  gen = rounds * (_ms(prefill) + _RESPONSE.value * _ms(decode)) / 1e3
+  return dict(chips=chips, rows=rows, micro_batches=micro, rounds=rounds,
+              update_s=micro * _ms(grpo) / 1e3, generation_s=gen,
+              sync_s=_ms(sync) / 1e3, decode_ms=_ms(decode),
+              prefill_ms=_ms(prefill), grpo_ms=_ms(grpo))
+
+
+def model(p: dict) -> dict:
+  sync_step = p['generation_s'] + p['update_s'] + p['sync_s']
+  splits = []
+  for learner in range(_MIN_L.value, p['chips']):
+    sampler = p['chips'] - learner
+    gen = p['generation_s'] * p['chips'] / sampler
+    upd = p['update_s'] * p['chips'] / learner
+    step = max(gen, upd) + p['sync_s']
+    splits.append(dict(learner_chips=learner, sampler_chips=sampler,
+                       generation_s=gen, update_s=upd, step_s=step,
+                       speedup=sync_step / step))
+  best = max(splits, key=lambda s: s['speedup'])
+  tokens = p['rows'] * (_PROMPT.value + _RESPONSE.value)
+  per_chip = lambda t: tokens / t / p['chips']
+  return dict(phases=p, sync_step_s=sync_step, splits=splits, best=best,
+              tokens=tokens, sync_tokens_per_s_chip=per_chip(sync_step),
+              best_tokens_per_s_chip=per_chip(best['step_s']))
+
+
+def main(argv):
+  del argv
+  m = model(phases(_MESH.value))
+  p = m['phases']
+  print(f"{_MESH.value}: {p['rows']} rollouts a step ({_PROMPTS.value} x "
+        f"{_ROLLOUTS.value}), {_RESPONSE.value}-token responses, v5p roofline")
+  print(f"  generation {p['generation_s']:.1f} s ({p['rounds']} rounds of "
+        f"prefill {p['prefill_ms']:.0f} ms + {_RESPONSE.value} x "
+        f"{p['decode_ms']:.1f} ms), update {p['update_s']:.1f} s "
+        f"({p['micro_batches']} x {p['grpo_ms']:.0f} ms), sync "
+        f"{p['sync_s'] * 1e3:.0f} ms")
+  print(f"  synchronous step: {m['sync_step_s']:.1f} s "
+        f"(generation {p['generation_s'] / m['sync_step_s']:.0%})")
+  print('| learner chips | sampler chips | generation s | update s | step s '
+        '| sync / decoupled |')
+  print('|---:|---:|---:|---:|---:|---:|')
+  for s in m['splits']:
+    if s['learner_chips'] in (8, 12, 16, 24) or s is m['best']:
+      print(f"| {s['learner_chips']} | {s['sampler_chips']} | "
+            f"{s['generation_s']:.1f} | {s['update_s']:.1f} | "
+            f"{s['step_s']:.1f} | {s['speedup']:.2f} |")
+  b = m['best']
+  print(f"  best split: learner {b['learner_chips']}, sampler "
+        f"{b['sampler_chips']}: {b['speedup']:.2f} x the synchronous step")
+  print(f"  tokens (prompt + response) per second a chip, roofline model: "
+        f"synchronous {m['sync_tokens_per_s_chip']:.0f}, decoupled (best) "
+        f"{m['best_tokens_per_s_chip']:.0f}; NeMo-RL's published figure "
+        "for Qwen3-30B-A3B GRPO (H100, 4k): 1,102 tokens/s/GPU, measured")
+  if _OUT.value:
+    with open(_OUT.value, 'w') as f:
+      json.dump(m, f, indent=2)
+
+
+if __name__ == '__main__':
+  app.run(main)
