@@ -353,3 +353,121 @@ def test_structured_rows_as_a_domain_score_as_verify_does():
   assert len(domains.generate('nemo_gym', split='train', n=100, seed=0,
                               files=STRUCTURED, eval_fraction=0.0)) == len(
                                   {json.dumps(r.messages) for r in rows}) == 2
+
+
+MCQA = os.path.join(_DATA, 'mcqa.jsonl')
+_TEN = [{c: f'option {c} text'} for c in 'ABCDEFGHIJ']
+_FOUR = _TEN[:4]
+
+
+# (response, options, grading mode, output_regex, the letter read): the
+# reference server's documented and tested readings.
+MCQA_CASES = [
+    ('The answer is C.', _FOUR, 'strict_single_letter_boxed', None, None),
+    ('Final: \\boxed{ [C] }', _FOUR, 'strict_single_letter_boxed', None, 'C'),
+    ('\\boxed{B}', _FOUR, 'strict_single_letter_boxed', None, 'B'),
+    ('\\boxed{c}', _FOUR, 'strict_single_letter_boxed', None, None),
+    ('\\boxed{B', _FOUR, 'strict_single_letter_boxed', None, None),
+    ('\\boxed{G}', _FOUR, 'strict_single_letter_boxed', None, None),
+    ('\\boxed{\\text{E}}', _TEN, 'strict_single_letter_boxed', None, 'E'),
+    ('\\boxed{\\text{I: NGS can detect both coding and non-coding regions.}}',
+     _TEN, 'strict_single_letter_boxed', None, 'I'),
+    ('\\[ \\boxed{E: \\text{A polygenic risk score can help.}} \\]', _TEN,
+     'strict_single_letter_boxed', None, 'E'),
+    ('\\boxed{A polygenic risk score can provide a probability.}', _TEN,
+     'strict_single_letter_boxed', None, None),
+    ('Candidate is \\boxed{C}, but the answer is \\boxed{E}', _TEN,
+     'strict_single_letter_boxed', None, 'E'),
+    ('Thinking: \\boxed{\\text{some idea}}. Final answer: \\boxed{E}', _TEN,
+     'strict_single_letter_boxed', None, 'E'),
+    ('Final: \\boxed{ option c text }', _FOUR, 'lenient_boxed', None, 'C'),
+    ('\\boxed{\\text{E}}', _TEN, 'lenient_boxed', None, 'E'),
+    ('\\boxed{option A text or option B text}', _FOUR, 'lenient_boxed', None,
+     None),
+    ('Answer: c', _FOUR, 'lenient_answer_colon', None, 'C'),
+    ('Answer: option c text', _FOUR, 'lenient_answer_colon', None, 'C'),
+    ('**Answer: C**', _FOUR, 'lenient_answer_colon', None, None),
+    ('I think the answer is B.\n\nAnswer: B', _FOUR,
+     'strict_single_letter_boxed', None, None),
+    ('The answer is B.\n\nAnswer: B', _FOUR, 'lenient_answer_colon_md', None,
+     'B'),
+    ('Reasoning here.\n\n**Answer: C**', _FOUR, 'lenient_answer_colon_md',
+     None, 'C'),
+    ('__Answer__: A', _FOUR, 'lenient_answer_colon_md', None, 'A'),
+    ('Answer: B because C is not valid', _FOUR, 'lenient_answer_colon_md',
+     None, 'B'),
+    ('Answer: B/B', _FOUR, 'lenient_answer_colon_md', None, 'B'),
+    ('Answer: $D$', _FOUR, 'lenient_answer_colon_md', None, 'D'),
+    ('Answer: (D)', _FOUR, 'lenient_answer_colon_md', None, 'D'),
+    ('\\boxed{\\text{Answer: G}}', _TEN, 'lenient_answer_colon_md', None, 'G'),
+    ('Answer: unknown', _FOUR, 'lenient_answer_colon_md', None, None),
+    ('Answer: G', _FOUR, 'lenient_answer_colon_md', None, None),
+    ('Answer: A/B/C', _FOUR, 'lenient_answer_colon_md', None, None),
+    ('Answer: B/I', _TEN, 'lenient_answer_colon_md', None, None),
+    ('**Answer: D/H**', _TEN, 'lenient_answer_colon_md', None, None),
+    ('Answer: A or B', _FOUR, 'lenient_answer_colon_md', None, None),
+    ('Answer: A and B', _FOUR, 'lenient_answer_colon_md', None, None),
+    ('Answer: A, B', _FOUR, 'lenient_answer_colon_md', None, None),
+    ('Answer: A\nAnswer: B', _FOUR, 'lenient_answer_colon_md', None, 'B'),
+    ('Answer: B\nAnswer: A/B/C', _FOUR, 'lenient_answer_colon_md', None, 'B'),
+    ('Answer: B\nAnswer: unknown', _FOUR, 'lenient_answer_colon_md', None,
+     'B'),
+    ('I think it might be B but not sure', _FOUR, 'lenient_answer_colon_md',
+     None, None),
+    ('Option Selected: B', _FOUR, 'strict_single_letter_boxed',
+     'Option Selected:\\s*([A-Za-z])', 'B'),
+    ('ANSWER IS b', _FOUR, 'strict_single_letter_boxed',
+     'ANSWER IS\\s*([A-Za-z])', 'B'),
+    ('Antwort: B', _FOUR, 'strict_single_letter_boxed',
+     ['Answer\\s*:\\s*([A-Za-z])', 'Antwort\\s*:\\s*([A-Za-z])'], 'B'),
+    ('الإجابة: ب', _FOUR, 'strict_single_letter_boxed',
+     ['الإجابة:\\s*([أ-د])'], 'B'),
+    ('Answer: A\nlater... Answer: B', _FOUR, 'strict_single_letter_boxed',
+     'Answer:\\s*([A-Za-z])', 'B'),
+    ('\\boxed{B}', _FOUR, 'strict_single_letter_boxed', '([', 'B'),
+    ('Selected: B', [], 'strict_single_letter_boxed',
+     'Selected:\\s*([A-Za-z])', 'B'),
+    ('   ', _FOUR, 'lenient_answer_colon_md', None, None),
+]
+
+
+@pytest.mark.parametrize('text, options, mode, regex, letter', MCQA_CASES)
+def test_mcqa_reads_the_letter_as_the_reference_server(text, options, mode,
+                                                       regex, letter):
+  from cascade_jax.domains import _mcqa  # pylint: disable=g-import-not-at-top
+  assert _mcqa.read_letter(text, options, grading_mode=mode,
+                           output_regex=regex) == letter
+
+
+def test_mcqa_rows_are_verified_and_train_as_a_domain():
+  from cascade_jax import domains  # pylint: disable=g-import-not-at-top
+  rows = nemo_gym.read_rows(MCQA)
+  assert {r.kind for r in rows} == {'mcqa'}
+  got = nemo_gym.verify_rows(rows)
+  assert [g['reward'] for g in got] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0,
+                                        0.0]
+  assert [g['verifier_details']['extracted_answer'] for g in got] == [
+      'B', 'E', None, 'B', 'C', None, 'B', None]
+  recs = [domains.nemo_gym_rl.record(r) for r in rows]
+  for r in recs:
+    domains.validate(r)
+  scores = domains.get('nemo_gym').verify(
+      recs, [nemo_gym.response_text(r) for r in rows])
+  assert [s.reward for s in scores] == [g['reward'] for g in got]
+
+
+@pytest.mark.parametrize('change, says', [
+    (dict(options=[]), "field 'options' must be a non-empty list"),
+    (dict(options=[{'AB': 'x'}]), "field 'options' must be a non-empty list"),
+    (dict(expected_answer='Z'), "field 'expected_answer' must be one of the "
+     "options' letters ['A', 'B', 'C', 'D'], got 'Z'"),
+    (dict(grading_mode='lenient'), "field 'grading_mode' is 'lenient'"),
+    (dict(template_metadata={'output_regex': 3}),
+     "field 'template_metadata.output_regex' must be a pattern"),
+])
+def test_mcqa_rows_that_cannot_be_read_are_named(tmp_path, change, says):
+  row = dict(json.loads(open(MCQA).readline()), **change)
+  path = tmp_path / 'rows.jsonl'
+  path.write_text(json.dumps(row) + '\n')
+  with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
+    nemo_gym.read_rows(str(path))

@@ -14,6 +14,9 @@ A row is one JSON object a line:
                            (verifier_metadata, or top level in older rows)
     structured_output      schema_str (a JSON schema), schema_type (json,
                            the default; yaml; toml)
+    mcqa                   options (a list of {letter: text}) and
+                           expected_answer (the gold letter), top level;
+                           grading_mode, template_metadata.output_regex
 
 A rollout row adds `response`, in the Responses API's output format:
 `output[]` items of type `message` whose `content[]` items of type
@@ -45,6 +48,10 @@ Verification follows the reference implementations:
   schema made strict as the reference makes it (every object's properties
   all required, no others); 1 when it validates. XML and CSV rows (type
   coercion before validation) and tool-call responses are refused, named.
+- multiple choice (NeMo-Gym's mcqa server, the knowledge-MCQA RL set): the
+  letter read from the response as that server reads it in the row's
+  grading mode (`_mcqa`: the last boxed letter by default, `Answer:` lines,
+  option texts, the row's own regex first); 1 when it is the gold letter.
 
 Any malformed row is an error naming the file, the line and the field.
 """
@@ -63,11 +70,12 @@ from absl import logging
 
 from cascade_jax.domains import _base
 from cascade_jax.domains import _if_registry
+from cascade_jax.domains import _mcqa
 from cascade_jax.sandbox import Limits
 from cascade_jax.sandbox import SANDBOX_ERROR
 from cascade_jax.sandbox import Sandbox
 
-KINDS = ('math', 'code', 'instruction_following', 'structured_output')
+KINDS = ('math', 'code', 'instruction_following', 'structured_output', 'mcqa')
 SCHEMA_TYPES = ('json', 'yaml', 'toml')
 GRADING_MODES = ('binary', 'fraction')
 # One test's limits (LiveCodeBench's default per-test timeout is 6 s).
@@ -182,6 +190,8 @@ def parse_row(obj: Any, where: str) -> Row:
     raise RowError(f'{where}: field responses_create_params.tools names '
                    f'{len(tools)} tools; tool and multi-turn rows are not '
                    'read here yet')
+  if 'options' in obj:        # multiple choice: its gold is a letter
+    return Row('mcqa', messages, _mcqa_fields(obj, where), obj, where)
   ids, ids_at = _verifier_field(obj, 'instruction_id_list')
   answer, answer_at = _verifier_field(obj, 'expected_answer')
   schema, schema_at = _verifier_field(obj, 'schema_str')
@@ -239,6 +249,35 @@ def parse_row(obj: Any, where: str) -> Row:
                   kwargs=[k or {} for k in kwargs],
                   grading_mode=mode or 'binary', prompt=str(prompt))
   return Row(kind, messages, fields, obj, where)
+
+
+def _mcqa_fields(obj: dict, where: str) -> dict:
+  options = obj['options']
+  if not (isinstance(options, list) and options and all(
+      isinstance(e, dict) and e and all(
+          isinstance(k, str) and len(k) == 1 and k.isalpha() and
+          (v is None or isinstance(v, str)) for k, v in e.items())
+      for e in options)):
+    raise RowError(f'{where}: field \'options\' must be a non-empty list of '
+                   'objects mapping one letter to its option text, e.g. '
+                   '[{"A": "..."}, {"B": "..."}]')
+  allowed = _mcqa.letters(options)
+  gold = obj.get('expected_answer')
+  if not isinstance(gold, str) or gold.strip().upper() not in allowed:
+    raise RowError(f'{where}: field \'expected_answer\' must be one of the '
+                   f'options\' letters {sorted(allowed)}, got {gold!r}')
+  mode = obj.get('grading_mode') or _mcqa.GRADING_MODES[0]
+  if mode not in _mcqa.GRADING_MODES:
+    raise RowError(f'{where}: field \'grading_mode\' is {mode!r}; one of '
+                   f'{_mcqa.GRADING_MODES}')
+  meta = obj.get('template_metadata') or {}
+  regex = meta.get('output_regex') if isinstance(meta, dict) else None
+  if regex is not None and not (isinstance(regex, str) or (
+      isinstance(regex, list) and all(isinstance(r, str) for r in regex))):
+    raise RowError(f'{where}: field \'template_metadata.output_regex\' must '
+                   'be a pattern or a list of patterns')
+  return dict(options=options, expected_answer=gold.strip().upper(),
+              grading_mode=mode, output_regex=regex)
 
 
 def _structured_fields(obj: dict, schema, schema_at: str, where: str) -> dict:
@@ -467,6 +506,8 @@ def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
         finish(i, *if_reward(fields, text))
       elif kind == 'structured_output':
         finish(i, *structured_reward(fields, text))
+      elif kind == 'mcqa':
+        finish(i, *_mcqa.reward(fields, text))
       elif kind != 'code':
         raise ValueError(f'nemo_gym: item {i} has kind {kind!r}; known: '
                          f'{KINDS}')

@@ -18,7 +18,10 @@ Rewards, per row kind (as `nemo_gym.verify_rows`):
   `nemo_gym.TEST_LIMITS` a test), run in parallel across responses;
 - instruction following: the share of instructions followed under grading
   mode 'fraction', else 1 only when all are; `passed` means all, and each
-  instruction is a named check (`DomainScore.by_check`).
+  instruction is a named check (`DomainScore.by_check`);
+- structured output: the response validates against the strict schema;
+- multiple choice (mcqa): the letter read in the row's grading mode is the
+  gold one (`_mcqa`).
 """
 
 from __future__ import annotations
