@@ -36,6 +36,7 @@ setuptools.setup(
         # NeMo-Gym structured-output rows: the reference's schema validator.
         'openapi-schema-validator>=0.6',
         'pyyaml>=6',
+        'xmltodict>=0.13',   # XML rows: the reference's parser
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         # Pallas kernels for the MoE grouped matmul and attention on GPU / TPU

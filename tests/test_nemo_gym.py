@@ -325,7 +325,7 @@ def test_structured_output_rows_are_validated_against_the_strict_schema():
 
 
 @pytest.mark.parametrize('change, says', [
-    (dict(schema_type='xml'), "field 'schema_type' is 'xml'"),
+    (dict(schema_type='html'), "field 'schema_type' is 'html'"),
     (dict(schema_str='{"type": '), "field 'schema_str' is not JSON"),
     (dict(schema_str='[1, 2]'), "field 'schema_str' must hold a JSON object"),
     (dict(response_mode='tool_call'), "field 'response_mode' is 'tool_call'"),
@@ -337,6 +337,34 @@ def test_structured_output_rows_that_cannot_be_read_are_named(tmp_path, change,
   path.write_text(json.dumps(row) + '\n')
   with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
     nemo_gym.read_rows(str(path))
+
+
+def test_xml_and_csv_rows_are_coerced_to_their_schemas_types_then_validated():
+  rows = nemo_gym.read_rows(os.path.join(_DATA, 'structured_xml_csv.jsonl'))
+  assert [r.fields['schema_type'] for r in rows] == ['xml'] * 6 + ['csv'] * 3
+  got = nemo_gym.verify_rows(rows)
+  # XML: 1 fits (age and active coerced); 2 one repeated element is still
+  # a list, '0' a boolean; 3 'old' is no integer; 4 an element the strict
+  # schema forbids; 5 does not parse; 6 an empty name is '', TRUE a
+  # boolean. CSV: 7 fits (an empty area is null where null is allowed);
+  # 8 '2.1M' is no integer; 9 lacks a required column.
+  assert [g['reward'] for g in got] == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0,
+                                        0.0, 0.0]
+  why = [g['verifier_details'].get('error_type') for g in got]
+  assert why == [None, None, 'validation_error', 'validation_error',
+                 'parse_error', None, None, 'validation_error',
+                 'validation_error']
+  # Entities are not expanded (an XML bomb is a parse error, not memory).
+  bomb = ('<!DOCTYPE p [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;">]>'
+          '<person><name>&b;</name></person>')
+  reward, details = nemo_gym.structured_reward(rows[0].fields, bomb)
+  assert reward == 0.0 and details['error_type'] == 'parse_error'
+  # A list of types tries each in order; values that read as none stay
+  # strings for the validator to refuse.
+  assert nemo_gym._scalar('', ['integer', 'null']) is None  # pylint: disable=protected-access
+  assert nemo_gym._scalar('7', ['integer', 'string']) == 7  # pylint: disable=protected-access
+  assert nemo_gym._scalar('x', ['integer', 'string']) == 'x'  # pylint: disable=protected-access
+  assert nemo_gym._scalar('yes', 'boolean') == 'yes'  # pylint: disable=protected-access
 
 
 def test_structured_rows_as_a_domain_score_as_verify_does():

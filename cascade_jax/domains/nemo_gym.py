@@ -13,7 +13,7 @@ A row is one JSON object a line:
     instruction_following  instruction_id_list, kwargs, grading_mode
                            (verifier_metadata, or top level in older rows)
     structured_output      schema_str (a JSON schema), schema_type (json,
-                           the default; yaml; toml)
+                           the default; yaml; toml; xml; csv)
     mcqa                   options (a list of {letter: text}) and
                            expected_answer (the gold letter), top level;
                            grading_mode, template_metadata.output_regex
@@ -46,8 +46,11 @@ Verification follows the reference implementations:
   multi-domain RL's 15%): the response text (after any think block) parsed
   as its schema_type, validated with openapi-schema-validator against the
   schema made strict as the reference makes it (every object's properties
-  all required, no others); 1 when it validates. XML and CSV rows (type
-  coercion before validation) and tool-call responses are refused, named.
+  all required, no others); 1 when it validates. XML (read by xmltodict, as
+  the reference reads it) and CSV (a header row, then one object a row)
+  hold strings only: each value is first turned into its schema's type
+  where it reads as one (`_coerce_xml`, `_coerce_csv`). Tool-call
+  responses are refused, named.
 - multiple choice (NeMo-Gym's mcqa server, the knowledge-MCQA RL set): the
   letter read from the response as that server reads it in the row's
   grading mode (`_mcqa`: the last boxed letter by default, `Answer:` lines,
@@ -59,8 +62,10 @@ Any malformed row is an error naming the file, the line and the field.
 from __future__ import annotations
 
 import concurrent.futures
+import csv
 import dataclasses
 import decimal
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -76,7 +81,7 @@ from cascade_jax.sandbox import SANDBOX_ERROR
 from cascade_jax.sandbox import Sandbox
 
 KINDS = ('math', 'code', 'instruction_following', 'structured_output', 'mcqa')
-SCHEMA_TYPES = ('json', 'yaml', 'toml')
+SCHEMA_TYPES = ('json', 'yaml', 'toml', 'xml', 'csv')
 GRADING_MODES = ('binary', 'fraction')
 # One test's limits (LiveCodeBench's default per-test timeout is 6 s).
 TEST_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=6, memory_bytes=1 << 30,
@@ -284,9 +289,8 @@ def _structured_fields(obj: dict, schema, schema_at: str, where: str) -> dict:
   stype, stype_at = _verifier_field(obj, 'schema_type')
   stype = 'json' if stype is None else stype
   if not isinstance(stype, str) or stype.lower() not in SCHEMA_TYPES:
-    raise RowError(f'{where}: field {stype_at!r} is {stype!r}; read here: '
-                   f'{SCHEMA_TYPES} (xml and csv coerce types before '
-                   'validating: not read here yet)')
+    raise RowError(f'{where}: field {stype_at!r} is {stype!r}; one of '
+                   f'{SCHEMA_TYPES}')
   mode, mode_at = _verifier_field(obj, 'response_mode')
   if mode not in (None, 'text'):
     raise RowError(f'{where}: field {mode_at!r} is {mode!r}; only text '
@@ -380,8 +384,72 @@ def _parse_structured(schema_type: str, text: str):
   if schema_type == 'yaml':
     import yaml  # pylint: disable=g-import-not-at-top
     return yaml.safe_load(text)
+  if schema_type == 'xml':
+    import xmltodict  # pylint: disable=g-import-not-at-top
+    return xmltodict.parse(text, disable_entities=True)
+  if schema_type == 'csv':
+    return list(csv.DictReader(io.StringIO(text)))
   import tomllib  # pylint: disable=g-import-not-at-top
   return tomllib.loads(text)
+
+
+def _scalar(value: str, kind):
+  """A string read as a JSON-schema type where it reads as one (else as it
+  is, for the validator to refuse): integer, number, boolean (true / false /
+  1 / 0, any case); a list of types tries each in order."""
+  if isinstance(kind, list):
+    if value in (None, '') and 'null' in kind:
+      return None
+    for k in kind:
+      if k == 'null':
+        continue
+      out = _scalar(value, k)
+      if k == 'string' or not isinstance(out, str):
+        return out
+    return value
+  if not isinstance(value, str) or value == '':
+    return value
+  try:
+    if kind == 'integer':
+      return int(value)
+    if kind == 'number':
+      return float(value)
+  except ValueError:
+    return value
+  if kind == 'boolean':
+    return {'true': True, '1': True, 'false': False, '0': False}.get(
+        value.lower(), value)
+  return value
+
+
+def _coerce_xml(data, schema):
+  """xmltodict's strings in the schema's types, walking both: an object's
+  known properties; an array's items, unwrapping the one-tag object
+  xmltodict makes of repeated (or single) child elements; an empty element
+  (None) is '' where a string is wanted (other types stay None and fail)."""
+  if not isinstance(schema, dict) or 'type' not in schema:
+    return data
+  kind = schema['type']
+  if kind == 'object' and isinstance(data, dict):
+    props = schema.get('properties', {})
+    return {k: _coerce_xml(v, props[k]) if k in props else v
+            for k, v in data.items()}
+  if kind == 'array':
+    if isinstance(data, dict) and len(data) == 1:
+      data = next(iter(data.values()))
+    data = data if isinstance(data, list) else ([] if data is None else [data])
+    return [_coerce_xml(x, schema.get('items', {})) for x in data]
+  if data is None and kind == 'string':
+    return ''
+  return _scalar(data, kind) if isinstance(kind, str) else data
+
+
+def _coerce_csv(rows: list[dict], schema) -> list[dict]:
+  """csv's strings in the types of the schema's items' properties (a
+  property without a type, or unknown, stays a string)."""
+  props = schema.get('items', schema).get('properties', {})
+  return [{k: _scalar(v, props.get(k, {}).get('type', 'string'))
+           for k, v in row.items()} for row in rows]
 
 
 def structured_reward(fields: dict, response: str) -> tuple[float, dict]:
@@ -397,8 +465,13 @@ def structured_reward(fields: dict, response: str) -> tuple[float, dict]:
   except Exception as e:  # pylint: disable=broad-except
     return 0.0, dict(error_type='parse_error',
                      error=f'{type(e).__name__}: {e}'[:200])
+  schema = _strict(json.loads(fields['schema_str']))
   try:
-    validate(obj, _strict(json.loads(fields['schema_str'])))
+    if fields['schema_type'] == 'xml':
+      obj = _coerce_xml(obj, schema)
+    elif fields['schema_type'] == 'csv':
+      obj = _coerce_csv(obj, schema)
+    validate(obj, schema)
   except Exception as e:  # pylint: disable=broad-except
     return 0.0, dict(error_type='validation_error',
                      error=f'{type(e).__name__}: {e}'[:200])
