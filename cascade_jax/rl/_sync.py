@@ -14,8 +14,8 @@ reshard together), so no weight crosses the host. Where neither differs
 the learner's own arrays, exactly on-policy. A reshard alone is exact too:
 the loss corrects only for the dtype (`RLConfig.correction`).
 
-Not here yet (issue 31): a sampler on its own devices or process, to which
-this copy would be sent.
+A sampler in a process of its own (`rl.rollout_worker='process'`,
+`rl._decoupled`) is sent this copy as host arrays after each update.
 """
 
 from __future__ import annotations
