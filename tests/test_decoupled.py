@@ -37,9 +37,10 @@ def sft_dir(tmp_path_factory):
   return d
 
 
-def _run(sft_dir, workdir, worker: str, staleness: int, **rl_fields):
+def _run(sft_dir, workdir, worker: str, staleness: int, steps: int = 4,
+         **rl_fields):
   c = rl_config.get_config('quick')
-  c.init_from, c.steps, c.eval_n, c.checkpoint_every = sft_dir, 4, 0, 2
+  c.init_from, c.steps, c.eval_n, c.checkpoint_every = sft_dir, steps, 0, 2
   c.rl.dynamic_filtering = False      # every step learns
   # Graded rewards (the share of constraints met, cut replies scored as
   # they are) spread even for a weak policy, so every step moves it.
@@ -62,6 +63,9 @@ def test_policy_version_schedule_is_fixed():
   assert [rl.policy_version(t, 0) for t in range(5)] == [0, 1, 2, 3, 4]
   assert [rl.policy_version(t, 1) for t in range(5)] == [0, 0, 1, 2, 3]
   assert [rl.policy_version(t, 2) for t in range(5)] == [0, 0, 0, 1, 2]
+  # Resumed at step 3 with a larger bound: weights before 3 are gone.
+  assert [rl.policy_version(t, 2, floor=3) for t in range(3, 7)] == [3, 3, 3,
+                                                                       4]
 
 
 def test_staleness_and_rollout_worker_config_errors():
@@ -169,3 +173,25 @@ def test_decoupled_sampler_process_failure_names_its_cause(sft_dir,
   with pytest.raises(RuntimeError, match='the sampler process failed') as e:
     rl.run(c, str(tmp_path))
   assert 'sched_setaffinity' in str(e.value)
+
+
+@pytest.mark.slow
+def test_decoupled_resume_under_another_staleness_bound(sft_dir, tmp_path):
+  # Three steps at staleness 1 from a sampler process, killed after the
+  # checkpoint at 2 (the one at 3 removed), which keeps step 3's rollouts
+  # (sampled by version 1). Resumed at staleness 0 they are too old:
+  # dropped, counted, nothing learned from them; resumed at staleness 2 the
+  # run samples from the oldest weights it has (version 2) instead of
+  # waiting for version 1, which is gone.
+  import shutil  # pylint: disable=g-import-not-at-top
+  first = _run(sft_dir, tmp_path / 'a', 'process', 1, steps=3)
+  assert [r['policy_staleness'] for r in first] == [0, 1, 1]
+  shutil.rmtree(tmp_path / 'a' / 'checkpoints' / '3')
+  assert os.path.exists(tmp_path / 'a' / 'rollouts' / 'step_2.pkl')
+  shutil.copytree(tmp_path / 'a', tmp_path / 'b')
+  tighter = _run(sft_dir, tmp_path / 'a', 'process', 0, steps=4)
+  assert [r['step'] for r in tighter] == [1, 2, 3, 4]
+  assert tighter[2]['stale_dropped'] > 0 and 'loss' not in tighter[2]
+  assert tighter[3]['stale_dropped'] == 0 and 'loss' in tighter[3]
+  looser = _run(sft_dir, tmp_path / 'b', 'process', 2, steps=5)
+  assert [r['policy_staleness'] for r in looser] == [0, 1, 1, 1, 2]

@@ -53,9 +53,13 @@ from flax import nnx
 from cascade_jax.rl._batch import RLBatch
 
 
-def policy_version(step: int, max_staleness: int) -> int:
-  """The weights (updates applied) that sample step `step`'s rollouts."""
-  return max(step - max_staleness, 0)
+def policy_version(step: int, max_staleness: int, floor: int = 0) -> int:
+  """The weights (updates applied) that sample step `step`'s rollouts.
+
+  `floor`: the oldest weights there are (a resumed run's first step: the
+  earlier ones were not checkpointed), when a run resumes with a larger
+  bound than it saved its queued rollouts under."""
+  return max(step - max_staleness, floor, 0)
 
 
 @dataclasses.dataclass
@@ -143,12 +147,14 @@ class InlineRollouts:
     self.k, self.steps = max_staleness, steps
     self._models: dict[int, nnx.Module] = {}
     self._ready: dict[int, Rollout] = {}
+    self._floor = 0
     self.last_sync_s = 0.0
 
   def start(self, step: int, state, pending: list[Rollout], position: int
             ) -> None:
     self._ready = {r.step: r for r in pending}
     self.stream.position = position
+    self._floor = step
     self.publish(step, state)
 
   def publish(self, version: int, state) -> None:
@@ -163,7 +169,7 @@ class InlineRollouts:
       del self._models[v]
 
   def _sample(self, step: int) -> Rollout:
-    version = policy_version(step, self.k)
+    version = policy_version(step, self.k, self._floor)
     if version not in self._models:
       raise RuntimeError(f'rl: step {step} is sampled by weights version '
                          f'{version}, which is gone')
@@ -225,6 +231,7 @@ class ProcessRollouts:
                                                      cpus, timeout_s)
     self._ready: dict[int, Rollout] = {}
     self._proc = None
+    self._first = 0       # the step (weights version) the run started at
     self.last_sync_s = 0.0
     self.wait_s = 0.0     # the learner's last wait for a batch
 
@@ -233,8 +240,10 @@ class ProcessRollouts:
     ctx = multiprocessing.get_context('spawn')
     self._to, self._from = ctx.Queue(), ctx.Queue()
     self._ready = {r.step: r for r in pending}
+    self._first = step
     job = dict(config=self.config.to_dict(), workdir=self.workdir,
-               first=step + len(pending), position=position, k=self.k,
+               first=step + len(pending), floor=step, position=position,
+               k=self.k,
                steps=self.steps, cpus=self.cpus,
                settings=_jax_settings())
     self._proc = ctx.Process(target=_worker_main, args=(job, self._to,
@@ -244,8 +253,9 @@ class ProcessRollouts:
     self.publish(step, state)
 
   def publish(self, version: int, state) -> None:
-    # Version v samples steps v + k (v >= 1) or 0 .. k (v = 0).
-    if (version + self.k if version else 0) >= self.steps:
+    # Version v samples steps v + k, or from the first step on for the
+    # first version a run starts with.
+    if version != self._first and version + self.k >= self.steps:
       self.last_sync_s = 0.0
       return
     leaves, self.last_sync_s = _weights(self.sampler, state)
@@ -341,7 +351,7 @@ def _worker_loop(job, inbox, outbox) -> None:
   stream.position = job['position']
   k, models, parent = job['k'], {}, os.getppid()
   for step in range(job['first'], job['steps']):
-    version = policy_version(step, k)
+    version = policy_version(step, k, job['floor'])
     while version not in models:
       try:
         msg = inbox.get(timeout=5.0)
