@@ -1,9 +1,11 @@
-"""The registered comparison (README.md): the seed-0 main job at RLHF KL 0.03
-(report.json here) against the committed one at 0.1.
+"""The registered comparison (README.md): a seed's main job at RLHF KL 0.03
+(report.json here for seed 0, seedS/report.json for the others) against the
+committed one at 0.1.
 
-  python docs/results/claims_2026-12-04/rlhf_kl_main/compare.py
+  python docs/results/claims_2026-12-04/rlhf_kl_main/compare.py [--seed=S]
 """
 
+import argparse
 import json
 import os
 
@@ -11,7 +13,7 @@ from cascade_jax import domains
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE = os.path.join(HERE, '..', '..', 'claims_2026-12-03', 'forgetting',
-                    'seed0', 'report.json')
+                    'seed{}', 'report.json')
 
 
 def stages(path):
@@ -28,7 +30,12 @@ def change(a, b, dom):
 
 
 def main():
-  old, new = stages(BASE), stages(os.path.join(HERE, 'report.json'))
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--seed', type=int, default=0)
+  seed = parser.parse_args().seed
+  new_path = (os.path.join(HERE, 'report.json') if seed == 0 else
+              os.path.join(HERE, f'seed{seed}', 'report.json'))
+  old, new = stages(BASE.format(seed)), stages(new_path)
   untouched = ('sft', 'if_rl', 'multi_domain_rl')
   same = {s: all(old[s]['scores'][d]['prompt_pass'] ==
                  new[s]['scores'][d]['prompt_pass'] for d in old[s]['scores'])
