@@ -41,9 +41,10 @@ DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
 # restores the paper's value. On 2026-12-02 (15 steps from one MOPD
 # checkpoint, 3 seeds, docs/results/claims_2026-12-02/rlhf/) 0.03 gave
 # +0.282 against 0.1's +0.250, higher in every seed. The main job at 0.03
-# (seed 0, 2026-12-04, docs/results/claims_2026-12-04/rlhf_kl_main/, rule
-# registered first) did worse: preference after rlhf 0.398 against 0.455
-# (beyond 2 paired SE), so the default stays 0.1 (one seed).
+# (3 seeds, 2026-12-04, docs/results/claims_2026-12-04/rlhf_kl_main/, rule
+# registered first) did worse: preference after rlhf lower in every seed
+# (-0.057, -0.021, -0.123; beyond 2 paired SE in two), so the default
+# stays 0.1.
 RLHF_KL = 0.1
 # The RLHF stages' reward: 'bradley_terry' (the `rm` stage's scalar score)
 # or 'generative_judge' (the paper's: the `judge` stage compares each
