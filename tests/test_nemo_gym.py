@@ -361,10 +361,11 @@ def test_xml_and_csv_rows_are_coerced_to_their_schemas_types_then_validated():
   assert reward == 0.0 and details['error_type'] == 'parse_error'
   # A list of types tries each in order; values that read as none stay
   # strings for the validator to refuse.
-  assert nemo_gym._scalar('', ['integer', 'null']) is None  # pylint: disable=protected-access
-  assert nemo_gym._scalar('7', ['integer', 'string']) == 7  # pylint: disable=protected-access
-  assert nemo_gym._scalar('x', ['integer', 'string']) == 'x'  # pylint: disable=protected-access
-  assert nemo_gym._scalar('yes', 'boolean') == 'yes'  # pylint: disable=protected-access
+  from cascade_jax.domains import _structured  # pylint: disable=g-import-not-at-top
+  assert _structured._scalar('', ['integer', 'null']) is None  # pylint: disable=protected-access
+  assert _structured._scalar('7', ['integer', 'string']) == 7  # pylint: disable=protected-access
+  assert _structured._scalar('x', ['integer', 'string']) == 'x'  # pylint: disable=protected-access
+  assert _structured._scalar('yes', 'boolean') == 'yes'  # pylint: disable=protected-access
 
 
 def test_structured_rows_as_a_domain_score_as_verify_does():
