@@ -76,3 +76,20 @@ def pytest_collection_modifyitems(config, items):
                 else len(_LONG_FILES))
 
   items.sort(key=rank)
+
+
+@pytest.fixture(scope='module')
+def main_job_sft(tmp_path_factory):
+  """A run directory of the main job's model (configs/sft.py's quick SFT:
+  `small`, its capacity dispatch, fp32) after 6 steps, for the RL tests
+  that run the stage as users do."""
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+  from cascade_jax import sft  # pylint: disable=g-import-not-at-top
+  from configs import sft as sft_config  # pylint: disable=g-import-not-at-top
+  d = str(tmp_path_factory.mktemp('sft'))
+  c = sft_config.get_config('quick')
+  c.steps, c.eval_n = 6, 0
+  sft.run(c, d)
+  return d

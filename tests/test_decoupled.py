@@ -14,11 +14,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import rl as rl_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-from configs import sft as sft_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 from cascade_jax import checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from cascade_jax import rl  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-from cascade_jax import sft  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from cascade_jax.rl import _decoupled  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Timings differ between any two runs; everything else must not.
@@ -29,12 +27,8 @@ _DECOUPLED = ('policy_staleness', 'stale_dropped')
 
 
 @pytest.fixture(scope='module')
-def sft_dir(tmp_path_factory):
-  d = str(tmp_path_factory.mktemp('sft'))
-  c = sft_config.get_config('quick')
-  c.steps, c.eval_n = 6, 0
-  sft.run(c, d)
-  return d
+def sft_dir(main_job_sft):
+  return main_job_sft     # conftest: the main job's model, 6 quick SFT steps
 
 
 def _run(sft_dir, workdir, worker: str, staleness: int, steps: int = 4,

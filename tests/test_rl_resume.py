@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 from cascade_jax import checkpoint
-from cascade_jax import sft
 from cascade_jax import train
-from configs import sft as sft_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Timings differ between any two runs; everything else must not.
@@ -23,13 +21,8 @@ _TIMING = ('time', 'step_s', 'sample_s', 'score_s', 'train_s',
 
 
 @pytest.fixture(scope='module')
-def sft_dir(tmp_path_factory):
-  # The main job's model as the quick SFT trains it (capacity dispatch).
-  d = str(tmp_path_factory.mktemp('sft'))
-  c = sft_config.get_config('quick')
-  c.steps, c.eval_n = 6, 0
-  sft.run(c, d)
-  return d
+def sft_dir(main_job_sft):
+  return main_job_sft     # conftest: the main job's model, 6 quick SFT steps
 
 
 def _command(workdir, sft_dir, algorithm):
