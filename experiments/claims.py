@@ -178,6 +178,33 @@ def verdict_mixing_forgets_less(rule: dict, m: dict) -> str:
   return 'no'
 
 
+def verdict_order_ahead(rule: dict, m: dict) -> str:
+  """The default order against each other one (m['diffs'][arm]: per seed,
+  the default's macro mean minus the arm's, with its paired SE): ahead
+  beyond threshold x SE in rule['in_seeds'] or more seeds against every
+  arm: 'holds'; some arm ahead of the default that far: 'no'; ahead of
+  some arm: 'partly'; else 'not shown at this scale'. 'void' when the
+  arms did not start from the same SFT."""
+  if m.get('void'):
+    return f"void ({m['void']})"
+  diffs, k, t = m['diffs'], rule['in_seeds'], rule['threshold']
+  others = [a for a in rule['arms'] if a != rule['default']]
+  seeds = min((len(diffs.get(a, [])) for a in others), default=0)
+  if seeds < rule['seeds']:
+    return f"open ({seeds} of {rule['seeds']} seeds)"
+  ahead = [a for a in others if sum(d['diff'] > t * d['se']
+                                    for d in diffs[a]) >= k]
+  behind = [a for a in others if sum(d['diff'] < -t * d['se']
+                                     for d in diffs[a]) >= k]
+  if behind:
+    return 'no: ' + ', '.join(behind) + ' ahead of the default'
+  if len(ahead) == len(others):
+    return 'holds'
+  if ahead:
+    return 'partly: ahead of ' + ', '.join(ahead)
+  return 'not shown at this scale'
+
+
 VERDICTS: dict[str, Callable[[dict, dict], str]] = {
     name.removeprefix('verdict_'): fn for name, fn in globals().items()
     if name.startswith('verdict_') and callable(fn)}

@@ -346,11 +346,65 @@ def _lc_mix(files):
   return text, dict(domains=out, own=out.get('long_context', {}))
 
 
+def _stage_order(files):
+  """The stage orders (files .../stage_order/ARM/seedS/report.json): per
+  seed, the default order's last stage against each other order's, the
+  macro mean over domains and per domain, paired over prompts."""
+  runs = {}                                  # seed -> arm -> report
+  for f in files:
+    seed = os.path.basename(os.path.dirname(f))
+    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    runs.setdefault(seed, {})[arm] = _load(f)
+  last = lambda rep: [s for s in rep['stages']
+                      if s.get('scores') and not s.get('branch')][-1]
+  diffs, macro, per_domain, void = {}, {}, {}, []
+  for seed, arms in sorted(runs.items()):
+    if 'default' not in arms:
+      continue
+    sft = {a: rep['stages'][0]['scores'] for a, rep in arms.items()}
+    for a in arms:
+      if any(sft[a][d].get('prompt_pass') != s['prompt_pass']
+             for d, s in sft['default'].items()):
+        void.append(f'{seed}: {a} starts from another SFT')
+    ref = last(arms['default'])['scores']
+    for a, rep in sorted(arms.items()):
+      end = last(rep)['scores']
+      macro.setdefault(a, []).append(
+          float(np.mean([end[d]['pass_rate'] for d in ref])))
+      if a == 'default':
+        continue
+      ds = {d: dict(diff=ref[d]['pass_rate'] - end[d]['pass_rate'],
+                    se=_se_change(end[d], ref[d])) for d in ref}
+      for d, x in ds.items():
+        per_domain.setdefault(a, {}).setdefault(d, []).append(x)
+      diffs.setdefault(a, []).append(dict(
+          diff=float(np.mean([x['diff'] for x in ds.values()])),
+          se=float(np.sqrt(sum(x['se'] ** 2 for x in ds.values()))
+                   / len(ds))))
+  parts = []
+  for a, ds in sorted(diffs.items()):
+    beyond = lambda xs, sign: sum(sign * x['diff'] > 2 * x['se'] for x in xs)
+    dom = [f'{SHORT.get(d, d)} {np.mean([x["diff"] for x in xs]):+.3f}'
+           for d, xs in sorted(per_domain[a].items())
+           if beyond(xs, 1) >= 2 or beyond(xs, -1) >= 2]
+    parts.append(
+        f'{a}: ' + ', '.join(f"{x['diff']:+.3f} (SE {x['se']:.3f})"
+                             for x in ds)
+        + (f' (default ahead by seed; domains apart beyond 2 SE in 2 or more '
+           f"seeds: {', '.join(dom) if dom else 'none'})"))
+  text = ('last stage, macro mean over domains, default order minus '
+          + '; '.join(parts) + '; mean macro pass@1: '
+          + ', '.join(f'{a} {np.mean(v):.3f}' for a, v in sorted(macro.items()))
+          + (f" (void: {'; '.join(void)})" if void else ''))
+  return text, dict(diffs=diffs, macro=macro, per_domain=per_domain,
+                    void='; '.join(void))
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
-    lc_mix=_lc_mix)
+    lc_mix=_lc_mix, stage_order=_stage_order)
 
 
 def _provenance(files: list[str]) -> str:

@@ -165,6 +165,29 @@ def test_verdict_mixing_forgets_less():
       rule, m((lo[:2], hi[:2]), (lo, hi), lifted)) == 'open (2 of 3 seeds)'
 
 
+def test_verdict_order_ahead():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2, default='default',
+              arms=dict(default='', cascade1='', code_first=''))
+  d = lambda *xs: [dict(diff=x, se=0.01) for x in xs]
+  m = lambda a, b: dict(diffs=dict(cascade1=a, code_first=b))
+  ahead, behind, flat = d(0.05, 0.03, 0.0), d(-0.05, -0.03, 0.0), d(0, 0, 0)
+  assert claims.verdict_order_ahead(rule, m(ahead, ahead)) == 'holds'
+  assert claims.verdict_order_ahead(rule, m(ahead, flat)) == \
+      'partly: ahead of cascade1'
+  # Behind one order outweighs ahead of the other.
+  assert claims.verdict_order_ahead(rule, m(ahead, behind)) == \
+      'no: code_first ahead of the default'
+  assert claims.verdict_order_ahead(rule, m(flat, flat)) == \
+      'not shown at this scale'
+  # Ahead in one seed only, or within 2 SE (0.015 < 2 x 0.01): not enough.
+  assert claims.verdict_order_ahead(
+      rule, m(d(0.05, 0.015, 0.0), ahead)) == 'partly: ahead of code_first'
+  assert claims.verdict_order_ahead(rule, m(ahead[:2], ahead)) == \
+      'open (2 of 3 seeds)'
+  assert claims.verdict_order_ahead(
+      rule, dict(void='seed 1: sft differs', diffs={})).startswith('void')
+
+
 def test_every_verdict_function_has_a_test_here():
   with open(__file__) as f:
     tested = f.read()
@@ -181,8 +204,10 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['9_if_rl_reward']
   assert 'post_hoc' not in rules['10_mopd_recovers']
   assert 'post_hoc' not in rules['11_long_context_mix']
-  assert list(rules)[-3:] == ['9_if_rl_reward', '10_mopd_recovers',
-                              '11_long_context_mix']
+  assert 'post_hoc' not in rules['12_stage_order']
+  # In the order of their numbers (9 before 10).
+  assert list(rules)[-4:] == ['9_if_rl_reward', '10_mopd_recovers',
+                              '11_long_context_mix', '12_stage_order']
 
 
 # ----------------------------------------------------------- history
@@ -397,3 +422,35 @@ def test_the_long_context_mix_measure_feeds_its_rule(tmp_path):
           in text), text
   assert 'long +0.100 alone / +0.080 mixed' in text
   assert claims.verdict(rule, m) == 'holds'
+
+
+def test_the_stage_order_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['12_stage_order']
+  files = []
+  ends = dict(default=dict(math=0.6, code=0.5), cascade1=dict(math=0.4,
+              code=0.5), code_first=dict(math=0.6, code=0.5))
+  for arm, end in ends.items():
+    for s in range(3):
+      stages = [dict(name='sft', kind='sft', scores=_scores(dict(
+                    math=0.5, code=0.3))),
+                dict(name='rlhf_branch', kind='grpo', branch=True,
+                     scores=_scores(dict(math=0.9, code=0.9))),
+                dict(name='last', kind='grpo', branch=False,
+                     scores=_scores(end))]
+      path = tmp_path / 'stage_order' / arm / f'seed{s}' / 'report.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(stages=stages)))
+      files.append(str(path))
+  text, m = status.MEASURES['stage_order'](files)
+  # math 0.6 against 0.4 (8 of 40 prompts differ), code equal: macro +0.1.
+  assert m['diffs']['cascade1'][0]['diff'] == pytest.approx(0.1)
+  assert m['diffs']['code_first'][0]['diff'] == pytest.approx(0.0)
+  assert 'cascade1: +0.100' in text and 'math +0.200' in text, text
+  assert claims.verdict(rule, m) == 'partly: ahead of cascade1'
+  # An arm from another SFT voids the comparison.
+  doc = json.loads(open(files[-1]).read())
+  doc['stages'][0]['scores'] = _scores(dict(math=0.4, code=0.3))
+  open(files[-1], 'w').write(json.dumps(doc))
+  _, m = status.MEASURES['stage_order'](files)
+  assert claims.verdict(rule, m).startswith('void (seed2: code_first')
