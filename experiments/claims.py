@@ -205,6 +205,20 @@ def verdict_order_ahead(rule: dict, m: dict) -> str:
   return 'not shown at this scale'
 
 
+def verdict_both_parts_in_seeds(rule: dict, m: dict) -> str:
+  """The main job at KL 0.03 against 0.1 (m['seeds']: per seed, whether
+  (a) and (b) of the rule held, or m['void']): the default becomes 0.03 if
+  both held in rule['in_seeds'] or more seeds, else it stays 0.1."""
+  if m.get('void'):
+    return f"void ({m['void']})"
+  seeds = m['seeds']
+  if len(seeds) < rule['seeds']:
+    return f"open ({len(seeds)} of {rule['seeds']} seeds)"
+  both = sum(s['a'] and s['b'] for s in seeds)
+  return ('0.03 becomes the default' if both >= rule['in_seeds'] else
+          f'0.1 stays (both parts in {both} of {len(seeds)} seeds)')
+
+
 VERDICTS: dict[str, Callable[[dict, dict], str]] = {
     name.removeprefix('verdict_'): fn for name, fn in globals().items()
     if name.startswith('verdict_') and callable(fn)}

@@ -400,11 +400,45 @@ def _stage_order(files):
                     void='; '.join(void))
 
 
+def _kl_main(files):
+  """The main job at KL 0.03 (.../rlhf_kl_main/report.json for seed 0,
+  .../rlhf_kl_main/seedS/report.json) against the forgetting sweep's 0.1
+  jobs (.../forgetting/seedS/report.json): rule 13's (a) and (b) per seed."""
+  arms = {}                                  # kl -> seed -> stages by name
+  for f in files:
+    parent = os.path.basename(os.path.dirname(f))
+    kl = '0.1' if '/forgetting/' in f else '0.03'
+    seed = int(parent[4:]) if parent.startswith('seed') else 0
+    arms.setdefault(kl, {})[seed] = {s['name']: s for s in _load(f)['stages']}
+  seeds, void, parts = [], [], []
+  for seed in sorted(set(arms.get('0.03', {})) & set(arms.get('0.1', {}))):
+    old, new = arms['0.1'][seed], arms['0.03'][seed]
+    if any(old[s]['scores'][d]['prompt_pass'] != new[s]['scores'][d][
+        'prompt_pass'] for s in ('sft', 'if_rl', 'multi_domain_rl')
+           for d in old[s]['scores']):
+      void.append(f'seed {seed}: the runs differ before RLHF')
+    a_old, a_new = (x['rlhf']['scores']['preference'] for x in (old, new))
+    pref = a_new['pass_rate'] - a_old['pass_rate']
+    lower = []
+    for d, y in sorted(new['swe_agent_rl']['scores'].items()):
+      x = old['swe_agent_rl']['scores'][d]
+      if y['pass_rate'] - x['pass_rate'] < -2 * _se_change(x, y):
+        lower.append(f"{SHORT.get(d, d)} {y['pass_rate'] - x['pass_rate']:+.3f}")
+    seeds.append(dict(a=pref >= 0, b=not lower))
+    parts.append(f'seed {seed}: pref after rlhf {pref:+.3f} '
+                 f'(2 SE {2 * _se_change(a_old, a_new):.3f}), last stage lower '
+                 f"beyond 2 SE: {', '.join(lower) or 'none'}")
+  text = ('main job, KL 0.03 against 0.1: ' + '; '.join(parts)
+          + (f" (void: {'; '.join(void)})" if void else ''))
+  return text, dict(seeds=seeds, void='; '.join(void))
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
-    lc_mix=_lc_mix, stage_order=_stage_order)
+    lc_mix=_lc_mix, stage_order=_stage_order,
+    kl_main=_kl_main)
 
 
 def _provenance(files: list[str]) -> str:

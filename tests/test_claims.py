@@ -188,6 +188,20 @@ def test_verdict_order_ahead():
       rule, dict(void='seed 1: sft differs', diffs={})).startswith('void')
 
 
+def test_verdict_both_parts_in_seeds():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2)
+  s = lambda *ab: dict(seeds=[dict(a=a, b=b) for a, b in ab])
+  yes, no = (True, True), (True, False)
+  assert claims.verdict_both_parts_in_seeds(rule, s(yes, yes, no)) == \
+      '0.03 becomes the default'
+  assert claims.verdict_both_parts_in_seeds(rule, s(yes, no, (False, True))) \
+      == '0.1 stays (both parts in 1 of 3 seeds)'
+  assert claims.verdict_both_parts_in_seeds(rule, s(yes, yes)) == \
+      'open (2 of 3 seeds)'
+  assert claims.verdict_both_parts_in_seeds(
+      rule, dict(seeds=[], void='seed 0: x')) == 'void (seed 0: x)'
+
+
 def test_every_verdict_function_has_a_test_here():
   with open(__file__) as f:
     tested = f.read()
@@ -206,8 +220,9 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['11_long_context_mix']
   assert 'post_hoc' not in rules['12_stage_order']
   # In the order of their numbers (9 before 10).
-  assert list(rules)[-4:] == ['9_if_rl_reward', '10_mopd_recovers',
-                              '11_long_context_mix', '12_stage_order']
+  assert list(rules)[-5:] == ['9_if_rl_reward', '10_mopd_recovers',
+                              '11_long_context_mix', '12_stage_order',
+                              '13_rlhf_kl_main']
 
 
 # ----------------------------------------------------------- history
@@ -454,3 +469,15 @@ def test_the_stage_order_measure_feeds_its_rule(tmp_path):
   open(files[-1], 'w').write(json.dumps(doc))
   _, m = status.MEASURES['stage_order'](files)
   assert claims.verdict(rule, m).startswith('void (seed2: code_first')
+
+
+def test_the_kl_main_measure_reads_the_committed_jobs():
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['13_rlhf_kl_main']
+  text, m = status.MEASURES['kl_main'](claims.result_files(rule))
+  # compare.py's figures (README.md of rlhf_kl_main): (a) fails in every
+  # seed; (b) fails in seeds 0 (long context) and 2 (preference).
+  assert [(s['a'], s['b']) for s in m['seeds']] == [
+      (False, False), (False, True), (False, False)]
+  assert 'seed 2: pref after rlhf -0.123' in text, text
+  assert claims.verdict(rule, m) == '0.1 stays (both parts in 0 of 3 seeds)'
