@@ -53,14 +53,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.arms.mopd_lr1e3 = ml_collections.ConfigDict(dict(
         rl=dict(algorithm='mopd', dynamic_filtering=False, overlong='none'),
         optim=dict(lr=1e-3)))
+  if arg == 'gap':
+    # Rule 14 (docs/claims/14_mopd_gap.json): a teacher well above the
+    # student (math_rl trained 90 steps), 5 seeds, the same sampled
+    # rollouts a step in both arms (16 x 4; GRPO without refills), and
+    # MOPD's lr warmed up linearly from a tenth over 30 steps (the paper's
+    # 2e-7 -> 2e-6 over 30 steps; RECIPE.md).
+    c.seeds = (0, 1, 2, 3, 4)
+    c.arms.grpo.rl.max_refill_rounds = 0
+    c.arms.mopd.optim.warmup_steps = 30
+    c.arms.mopd.optim.warmup_init_frac = 0.1
   if arg == 'quick':
     c.seeds = (0,)
     c.base.steps, c.base.eval_every, c.base.eval_n = 2, 1, 8
     c.base.checkpoint_every = 2
     c.base.rl.prompts_per_step, c.base.rl.max_new_tokens = 2, 16
-  elif arg not in (None, '', 'lr'):
+  elif arg not in (None, '', 'lr', 'gap'):
     raise ValueError(f'configs/mopd_vs_grpo.py: unknown argument {arg!r} '
-                     '(known: quick, lr)')
+                     '(known: quick, lr, gap)')
   return c
 
 

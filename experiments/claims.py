@@ -219,6 +219,29 @@ def verdict_both_parts_in_seeds(rule: dict, m: dict) -> str:
           f'0.1 stays (both parts in {both} of {len(seeds)} seeds)')
 
 
+def verdict_paired_ahead(rule: dict, m: dict) -> str:
+  """MOPD against GRPO at a real gap (m: 'gap_se', the teacher's lead over
+  the start in evaluation SE; 'per_seed', MOPD - GRPO averaged over the
+  evaluations of each seed): void below rule['min_gap_se']; holds when the
+  mean over seeds is above threshold x its SE over seeds, no below minus
+  that, else not shown at this scale."""
+  per_seed = m['per_seed']
+  if len(per_seed) < rule['seeds']:
+    return f"open ({len(per_seed)} of {rule['seeds']} seeds)"
+  if m['gap_se'] < rule['min_gap_se']:
+    return (f"void (the teacher {m['gap_se']:.1f} SE above the start, "
+            f"want {rule['min_gap_se']:g})")
+  n = len(per_seed)
+  mean = sum(per_seed) / n
+  se = (sum((x - mean) ** 2 for x in per_seed) / (n - 1) / n) ** 0.5
+  t = rule['threshold']
+  if mean > t * se:
+    return 'holds'
+  if mean < -t * se:
+    return 'no: GRPO ahead'
+  return 'not shown at this scale'
+
+
 VERDICTS: dict[str, Callable[[dict, dict], str]] = {
     name.removeprefix('verdict_'): fn for name, fn in globals().items()
     if name.startswith('verdict_') and callable(fn)}

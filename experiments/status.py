@@ -433,12 +433,47 @@ def _kl_main(files):
   return text, dict(seeds=seeds, void='; '.join(void))
 
 
+def _mopd_gap(files):
+  """experiments.mopd_vs_grpo results (one or more files, seeds merged):
+  per seed, MOPD - GRPO at each evaluation after step 0 and their mean;
+  the teacher's lead over the start and over GRPO's end in evaluation SE."""
+  runs = {}
+  for f in files:
+    runs.update(_load(f)['runs'])
+  per_seed, per_step, gap, lead = [], {}, [], []
+  for _, r in sorted(runs.items(), key=lambda kv: int(kv[0])):
+    m, g = r['mopd'], r['grpo']
+    assert m['steps'] == g['steps'], 'the arms were evaluated apart'
+    diffs = [a - b for a, b in zip(m['scores'][1:], g['scores'][1:])]
+    per_seed.append(float(np.mean(diffs)))
+    for step, x in zip(m['steps'][1:], diffs):
+      per_step.setdefault(step, []).append(x)
+    se0 = float(np.mean([m['ses'][0], g['ses'][0]]))
+    gap.append((r['teacher']['score'] - g['scores'][0]) / se0)
+    lead.append((r['teacher']['score'] - g['scores'][-1])
+                / float(np.hypot(r['teacher']['se'], g['ses'][-1])))
+  n = len(per_seed)
+  mean = float(np.mean(per_seed)) if n else float('nan')
+  se = float(np.std(per_seed, ddof=1) / np.sqrt(n)) if n > 1 else float('nan')
+  steps = sorted(per_step)
+  text = (f'{n} seeds; MOPD - GRPO, mean over the evaluations of each seed: '
+          + ', '.join(f'{x:+.3f}' for x in per_seed)
+          + f'; mean {mean:+.3f} (SE {se:.3f}); by step: '
+          + ', '.join(f'{s} {np.mean(per_step[s]):+.3f}' for s in steps)
+          + f'; teacher above the start by {np.mean(gap):.1f} SE, above '
+          f"GRPO's end by {np.mean(lead):.1f} SE")
+  return text, dict(per_seed=per_seed, mean=mean, se=se,
+                    gap_se=float(np.mean(gap)) if gap else 0.0,
+                    lead_se=float(np.mean(lead)) if lead else 0.0,
+                    per_step={s: per_step[s] for s in steps})
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
     lc_mix=_lc_mix, stage_order=_stage_order,
-    kl_main=_kl_main)
+    kl_main=_kl_main, mopd_gap=_mopd_gap)
 
 
 def _provenance(files: list[str]) -> str:

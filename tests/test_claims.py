@@ -202,6 +202,22 @@ def test_verdict_both_parts_in_seeds():
       rule, dict(seeds=[], void='seed 0: x')) == 'void (seed 0: x)'
 
 
+def test_verdict_paired_ahead():
+  rule = dict(threshold=2.0, seeds=5, min_gap_se=6.0)
+  m = lambda xs, gap=8.0: dict(per_seed=xs, gap_se=gap)
+  assert claims.verdict_paired_ahead(
+      rule, m([0.03, 0.04, 0.05, 0.03, 0.04])) == 'holds'
+  assert claims.verdict_paired_ahead(
+      rule, m([-0.03, -0.04, -0.05, -0.03, -0.04])) == 'no: GRPO ahead'
+  # Mean +0.01 with an SE of about 0.016 over seeds: within 2 SE.
+  assert claims.verdict_paired_ahead(
+      rule, m([0.05, -0.03, 0.04, -0.04, 0.03])) == 'not shown at this scale'
+  assert claims.verdict_paired_ahead(
+      rule, m([0.03] * 4 + [0.04], gap=4.0)).startswith('void (the teacher 4.0')
+  assert claims.verdict_paired_ahead(rule, m([0.03] * 3)) == \
+      'open (3 of 5 seeds)'
+
+
 def test_every_verdict_function_has_a_test_here():
   with open(__file__) as f:
     tested = f.read()
@@ -220,9 +236,10 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['11_long_context_mix']
   assert 'post_hoc' not in rules['12_stage_order']
   # In the order of their numbers (9 before 10).
-  assert list(rules)[-5:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert 'post_hoc' not in rules['14_mopd_gap']
+  assert list(rules)[-6:] == ['9_if_rl_reward', '10_mopd_recovers',
                               '11_long_context_mix', '12_stage_order',
-                              '13_rlhf_kl_main']
+                              '13_rlhf_kl_main', '14_mopd_gap']
 
 
 # ----------------------------------------------------------- history
@@ -481,3 +498,29 @@ def test_the_kl_main_measure_reads_the_committed_jobs():
       (False, False), (False, True), (False, False)]
   assert 'seed 2: pref after rlhf -0.123' in text, text
   assert claims.verdict(rule, m) == '0.1 stays (both parts in 0 of 3 seeds)'
+
+
+def test_the_mopd_gap_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['14_mopd_gap']
+  files = []
+  for part, seeds in (('a', (0, 2, 4)), ('b', (1, 3))):
+    runs = {}
+    for s in seeds:
+      steps = [0, 2, 4]
+      # MOPD ahead by 0.05 then 0.03 (+ a seed-dependent 0.001 s).
+      runs[str(s)] = dict(
+          teacher=dict(score=0.7, se=0.02),
+          grpo=dict(steps=steps, scores=[0.4, 0.45, 0.5], ses=[0.02] * 3),
+          mopd=dict(steps=steps, scores=[0.4, 0.5 + 0.001 * s, 0.53],
+                    ses=[0.02] * 3))
+    path = tmp_path / 'mopd_gap' / part / 'results.json'
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(dict(runs=runs)))
+    files.append(str(path))
+  text, m = status.MEASURES['mopd_gap'](files)
+  assert len(m['per_seed']) == 5 and m['per_seed'][0] == pytest.approx(0.04)
+  assert m['gap_se'] == pytest.approx(15.0)          # (0.7 - 0.4) / 0.02
+  assert m['per_step'][2] == pytest.approx([0.05, 0.051, 0.052, 0.053, 0.054])
+  assert 'teacher above the start by 15.0 SE' in text, text
+  assert claims.verdict(rule, m) == 'holds'
