@@ -44,6 +44,17 @@ def summary(rows: list[dict], kinds: list[str]) -> str:
     se = (math.sqrt(sum((x - mean) ** 2 for x in r) / (len(r) - 1) / len(r))
           if len(r) > 1 else float('nan'))
     lines.append(f'{kind:<24}{len(r):>6}{mean:>10.3f}{se:>8.3f}')
+  # Why the rows earned what they did, where the verifier says (tool use:
+  # its category; code: the first failure's kind).
+  why = {}
+  for row, k in zip(rows, kinds):
+    cat = (row.get('verifier_details') or {}).get('category')
+    if cat:
+      why.setdefault(k, {}).setdefault(cat, 0)
+      why[k][cat] += 1
+  for k, cats in sorted(why.items()):
+    lines.append(f'{k} by category: ' + ', '.join(
+        f'{c} {n}' for c, n in sorted(cats.items(), key=lambda kv: -kv[1])))
   return '\n'.join(lines)
 
 

@@ -24,7 +24,9 @@ from collections.abc import Iterable
 
 from cascade_jax.domains import _base
 
-ROLES = ('system', 'user', 'assistant')
+# A prompt's turns; `tool` (a function's output) comes from a conversation
+# that already called one (NeMo-Gym tool-use rows).
+ROLES = ('system', 'user', 'assistant', 'tool')
 
 
 class RecordError(ValueError):
@@ -85,8 +87,8 @@ def validate(raw: object, *, domain: str | None = None) -> _base.Record:
         m.get('role') not in ROLES) or not isinstance(m.get('content'), str):
       raise _field_error(f'messages[{i}]',
                          f'must be {{"role": one of {ROLES}, "content": str}}')
-  if msgs[-1]['role'] != 'user':
-    raise _field_error('messages', 'must end with a user message')
+  if msgs[-1]['role'] not in ('user', 'tool'):
+    raise _field_error('messages', "must end with a user (or tool) message")
   if 'response' in rec and not isinstance(rec['response'], str):
     raise _field_error('response', 'must be a string')
   for field in dom.required_fields:

@@ -17,11 +17,17 @@ A row is one JSON object a line:
     mcqa                   options (a list of {letter: text}) and
                            expected_answer (the gold letter), top level;
                            grading_mode, template_metadata.output_regex
+    tool_call              expected_action (the next action: a function
+                           call, a batch of them, or a message), with
+                           responses_create_params.tools; the input holds
+                           the conversation so far, function calls and
+                           their outputs included (`_tool_call`)
 
 A rollout row adds `response`, in the Responses API's output format:
 `output[]` items of type `message` whose `content[]` items of type
 `output_text` hold the text; other items (`reasoning`, tool calls) are not
-the answer.
+the answer, except in tool-use rows, where `function_call` items are the
+action.
 
 Verification follows the reference implementations:
 - math: math-verify alone (no model judge), the gold answer boxed and read
@@ -51,6 +57,11 @@ Verification follows the reference implementations:
   hold strings only: each value is first turned into its schema's type
   where it reads as one (`_coerce_xml`, `_coerce_csv`). Tool-call
   responses are refused, named.
+- conversational tool use (NeMo-Gym's single-step tool-use server, the
+  agentic tool-use RL set): the response's calls (else its text, a
+  message) against the expected action, arguments compared as that server
+  compares them (word overlap for strings, a tolerance for numbers, calls
+  matched as a multiset); `_tool_call`.
 - multiple choice (NeMo-Gym's mcqa server, the knowledge-MCQA RL set): the
   letter read from the response as that server reads it in the row's
   grading mode (`_mcqa`: the last boxed letter by default, `Answer:` lines,
@@ -74,13 +85,15 @@ from absl import logging
 from cascade_jax.domains import _base
 from cascade_jax.domains import _if_registry
 from cascade_jax.domains import _mcqa
+from cascade_jax.domains import _tool_call
 from cascade_jax.domains._structured import SCHEMA_TYPES
 from cascade_jax.domains._structured import structured_reward
 from cascade_jax.sandbox import Limits
 from cascade_jax.sandbox import SANDBOX_ERROR
 from cascade_jax.sandbox import Sandbox
 
-KINDS = ('math', 'code', 'instruction_following', 'structured_output', 'mcqa')
+KINDS = ('math', 'code', 'instruction_following', 'structured_output', 'mcqa',
+         'tool_call')
 GRADING_MODES = ('binary', 'fraction')
 # One test's limits (LiveCodeBench's default per-test timeout is 6 s).
 TEST_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=6, memory_bytes=1 << 30,
@@ -162,13 +175,25 @@ def _messages(obj: dict, where: str) -> list[dict]:
     field = f'responses_create_params.input[{j}]'
     if not isinstance(m, dict):
       raise RowError(f'{where}: field {field!r} must be an object')
-    role = _get(m, 'role', where, str)
-    if role not in ('system', 'developer', 'user', 'assistant'):
-      raise RowError(f'{where}: field {field}.role is {role!r}; rows with '
-                     'tool turns are not read here yet')
-    out.append({'role': 'system' if role == 'developer' else role,
-                'content': _text(m.get('content'), where,
-                                 f'{field}.content')})
+    if m.get('type', 'message') != 'message':   # calls, outputs, reasoning
+      try:
+        turn = _tool_call.history_item(
+            m, field, lambda c, f: _text(c, where, f))
+      except _tool_call.ToolRowError as e:
+        raise RowError(f'{where}: {e}') from None
+    else:
+      role = _get(m, 'role', where, str)
+      if role not in ('system', 'developer', 'user', 'assistant'):
+        raise RowError(f'{where}: field {field}.role is {role!r}; one of '
+                       'system, developer, user, assistant')
+      turn = {'role': 'system' if role == 'developer' else role,
+              'content': _text(m.get('content'), where, f'{field}.content')}
+    if turn is None:
+      continue
+    if out and turn['role'] == out[-1]['role'] == 'assistant':
+      out[-1] = dict(out[-1], content=out[-1]['content'] + turn['content'])
+    else:                # a message and its calls are one assistant turn
+      out.append(turn)
   if not out:
     raise RowError(f'{where}: field responses_create_params.input is empty')
   return out
@@ -190,10 +215,13 @@ def parse_row(obj: Any, where: str) -> Row:
                    f'{type(obj).__name__}')
   messages = _messages(obj, where)
   tools = obj['responses_create_params'].get('tools') or []
+  if 'expected_action' in obj:  # conversational tool use: the next action
+    return _tool_row(obj, messages, tools, where)
   if tools:
     raise RowError(f'{where}: field responses_create_params.tools names '
-                   f'{len(tools)} tools; tool and multi-turn rows are not '
-                   'read here yet')
+                   f'{len(tools)} tools, but the row has no expected_action '
+                   '(only tool-use rows, verified on their next action, '
+                   'carry tools here)')
   if 'options' in obj:        # multiple choice: its gold is a letter
     return Row('mcqa', messages, _mcqa_fields(obj, where), obj, where)
   ids, ids_at = _verifier_field(obj, 'instruction_id_list')
@@ -255,6 +283,26 @@ def parse_row(obj: Any, where: str) -> Row:
   return Row(kind, messages, fields, obj, where)
 
 
+def _tool_row(obj: dict, messages: list[dict], tools, where: str) -> Row:
+  try:
+    expected = _tool_call.expected_action(obj['expected_action'])
+    text = _tool_call.tools_text(tools) if tools else ''
+  except _tool_call.ToolRowError as e:
+    raise RowError(f'{where}: {e}') from None
+  if expected['type'] == 'calls' and not tools:
+    raise RowError(f'{where}: field expected_action is a call, but '
+                   'responses_create_params.tools names no tools')
+  if text and messages[0]['role'] == 'system':
+    messages = [dict(messages[0], content=messages[0]['content'] + '\n\n'
+                     + text)] + messages[1:]
+  elif text:
+    messages = [{'role': 'system', 'content': text}] + messages
+  if messages[-1]['role'] == 'assistant':
+    raise RowError(f'{where}: field responses_create_params.input ends with '
+                   "the assistant's turn; the expected action is the next one")
+  return Row('tool_call', messages, dict(expected_action=expected), obj, where)
+
+
 def _mcqa_fields(obj: dict, where: str) -> dict:
   options = obj['options']
   if not (isinstance(options, list) and options and all(
@@ -312,6 +360,11 @@ def response_text(row: Row) -> str:
   output = _get(row.raw, 'response.output', row.where, list)
   texts = []
   for j, item in enumerate(output):
+    if (row.kind == 'tool_call' and isinstance(item, dict)
+        and item.get('type') == 'function_call'):   # the action, as written
+      name = _get(item, 'name', row.where, str)
+      texts.append(_tool_call.call_text(name, item.get('arguments', '')))
+      continue
     if not isinstance(item, dict) or item.get('type') != 'message':
       continue                        # reasoning, tool calls: not the answer
     content = item.get('content')
@@ -466,6 +519,8 @@ def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
         finish(i, *structured_reward(fields, text))
       elif kind == 'mcqa':
         finish(i, *_mcqa.reward(fields, text))
+      elif kind == 'tool_call':
+        finish(i, *_tool_call.reward(fields, text))
       elif kind != 'code':
         raise ValueError(f'nemo_gym: item {i} has kind {kind!r}; known: '
                          f'{KINDS}')
