@@ -329,7 +329,10 @@ def test_structured_output_rows_are_validated_against_the_strict_schema():
     (dict(schema_type='html'), "field 'schema_type' is 'html'"),
     (dict(schema_str='{"type": '), "field 'schema_str' is not JSON"),
     (dict(schema_str='[1, 2]'), "field 'schema_str' must hold a JSON object"),
-    (dict(response_mode='tool_call'), "field 'response_mode' is 'tool_call'"),
+    (dict(response_mode='audio'), "field 'response_mode' is 'audio'"),
+    (dict(response_mode='tool_call', tool_name='extract'),
+     "field 'tool_name' is 'extract'; it must name one of "
+     'responses_create_params.tools ([])'),
 ])
 def test_structured_output_rows_that_cannot_be_read_are_named(tmp_path, change,
                                                               says):
@@ -703,3 +706,38 @@ def test_tool_use_rows_that_cannot_be_read_are_named(tmp_path, edit, says):
   path.write_text(json.dumps(row) + '\n')
   with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
     nemo_gym.read_rows(str(path))
+
+
+STRUCTURED_TOOL = os.path.join(_DATA, 'structured_tool_call.jsonl')
+
+
+def test_tool_call_structured_rows_validate_the_one_calls_payload():
+  # NeMo-Gym's v4 structured rows answer with a function call: exactly one,
+  # of tool_name, its arguments (under tool_payload_key when wrapped)
+  # validated against the strict schema. Each row's `note` says what its
+  # response does: 1 direct, right; 2 wrapped among numbered distractor
+  # tools, right; 3 a distractor; 4 the payload unwrapped; 5 a string
+  # year; 6 a property the strict schema forbids; 7 arguments not JSON;
+  # 8 two calls; 9 the JSON as text, no call.
+  rows = nemo_gym.read_rows(STRUCTURED_TOOL)
+  assert {r.kind for r in rows} == {'structured_output'}
+  got = nemo_gym.verify_rows(rows)
+  assert [g['reward'] for g in got] == [1, 1, 0, 0, 0, 0, 0, 0, 0]
+  assert [g['verifier_details'].get('error_type') for g in got] == [
+      None, None, 'wrong_tool_name', 'missing_tool_payload_key',
+      'validation_error', 'validation_error', 'tool_arguments_parse_error',
+      'multiple_tool_calls', 'missing_tool_call']
+  # The tools are in the prompt the model sees; as a domain the rows score
+  # what verify scores, and the model's own call format earns the reward.
+  assert '"name": "extraction_tool_2"' in rows[1].messages[0]['content']
+  from cascade_jax import domains  # pylint: disable=g-import-not-at-top
+  recs = [domains.nemo_gym_rl.record(r) for r in rows]
+  dom = domains.get('nemo_gym')
+  assert [s.reward for s in dom.verify(
+      recs, [nemo_gym.response_text(r) for r in rows])] == [
+          g['reward'] for g in got]
+  good = json.loads(rows[0].raw['response']['output'][0]['arguments'])
+  written = ('<think>fill it</think><tool_call>' + json.dumps(dict(
+      name='extraction_tool_2', arguments=dict(extraction=good)))
+             + '</tool_call>')
+  assert [s.reward for s in dom.verify(recs[1:2], [written])] == [1.0]

@@ -112,11 +112,56 @@ def _coerce_csv(rows: list[dict], schema) -> list[dict]:
            for k, v in row.items()} for row in rows]
 
 
+def _tool_payload(fields: dict, response: str):
+  """The payload of a tool-call structured response (NeMo-Gym's v4 rows:
+  response_mode 'tool_call'), as that server's documentation says it
+  verifies one: exactly one function call, named `tool_name`, its
+  arguments JSON, unwrapped from `tool_payload_key` when the row wraps
+  them. (payload, None) or (None, (error_type, error))."""
+  from cascade_jax.domains import _tool_call  # pylint: disable=g-import-not-at-top
+  action = _tool_call.action_from_text(response)
+  calls = action.get('calls', [])
+  if not calls:
+    return None, ('missing_tool_call', f"no call of {fields['tool_name']}")
+  if len(calls) > 1:
+    return None, ('multiple_tool_calls', f'{len(calls)} calls; the answer '
+                  'is exactly one')
+  (call,) = calls
+  if call.get('error'):
+    return None, ('tool_arguments_parse_error', call['error'])
+  if call['name'] != fields['tool_name']:
+    return None, ('wrong_tool_name', f"{call['name']!r}, want "
+                  f"{fields['tool_name']!r}")
+  key = fields.get('tool_payload_key')
+  if key is None:
+    return call['arguments'], None
+  if key not in call['arguments']:
+    return None, ('missing_tool_payload_key', f'no {key!r} in the arguments '
+                  f"(keys: {sorted(call['arguments'])[:8]})")
+  return call['arguments'][key], None
+
+
 def structured_reward(fields: dict, response: str) -> tuple[float, dict]:
   """1 when the response (after any think block) parses as the row's
   schema_type and validates against its strict schema; else 0 and why
-  (empty_response, parse_error, validation_error)."""
+  (empty_response, parse_error, validation_error). Tool-call rows
+  (response_mode 'tool_call'): the one call's payload validates
+  (`_tool_payload` names the other failures)."""
   from openapi_schema_validator import validate  # pylint: disable=g-import-not-at-top
+  if fields.get('response_mode') == 'tool_call':
+    obj, why = _tool_payload(fields, response)
+    if why:
+      return 0.0, dict(error_type=why[0], error=why[1][:200])
+    try:
+      schema = _strict(json.loads(fields['schema_str']))
+    except Exception as e:  # pylint: disable=broad-except
+      return 0.0, dict(error_type='schema_error', error=str(e)[:200])
+    try:
+      validate(obj, schema)
+    except Exception as e:  # pylint: disable=broad-except
+      return 0.0, dict(error_type='validation_error',
+                       error=f'{type(e).__name__}: {e}'[:200])
+    return 1.0, {}
   text = _base.strip_think(response)
   if not text.strip():
     return 0.0, dict(error_type='empty_response')

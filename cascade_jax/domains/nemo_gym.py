@@ -13,7 +13,9 @@ A row is one JSON object a line:
     instruction_following  instruction_id_list, kwargs, grading_mode
                            (verifier_metadata, or top level in older rows)
     structured_output      schema_str (a JSON schema), schema_type (json,
-                           the default; yaml; toml; xml; csv)
+                           the default; yaml; toml; xml; csv); v4 rows
+                           answer with a call: response_mode tool_call,
+                           tool_name, tool_payload_key, and the tools
     mcqa                   options (a list of {letter: text}) and
                            expected_answer (the gold letter), top level;
                            grading_mode, template_metadata.output_regex
@@ -55,8 +57,11 @@ Verification follows the reference implementations:
   all required, no others); 1 when it validates. XML (read by xmltodict, as
   the reference reads it) and CSV (a header row, then one object a row)
   hold strings only: each value is first turned into its schema's type
-  where it reads as one (`_coerce_xml`, `_coerce_csv`). Tool-call
-  responses are refused, named.
+  where it reads as one (`_coerce_xml`, `_coerce_csv`). v4 tool-call rows
+  (`response_mode: tool_call`): exactly one call, of `tool_name`, its
+  arguments (under `tool_payload_key` when set) validated the same way
+  (missing_tool_call, multiple_tool_calls, wrong_tool_name,
+  tool_arguments_parse_error, missing_tool_payload_key).
 - conversational tool use (NeMo-Gym's single-step tool-use server, the
   agentic tool-use RL set): the response's calls (else its text, a
   message) against the expected action, arguments compared as that server
@@ -217,11 +222,11 @@ def parse_row(obj: Any, where: str) -> Row:
   tools = obj['responses_create_params'].get('tools') or []
   if 'expected_action' in obj:  # conversational tool use: the next action
     return _tool_row(obj, messages, tools, where)
-  if tools:
+  if tools and _verifier_field(obj, 'response_mode')[0] != 'tool_call':
     raise RowError(f'{where}: field responses_create_params.tools names '
                    f'{len(tools)} tools, but the row has no expected_action '
-                   '(only tool-use rows, verified on their next action, '
-                   'carry tools here)')
+                   'and is no tool-call structured row (only those carry '
+                   'tools here)')
   if 'options' in obj:        # multiple choice: its gold is a letter
     return Row('mcqa', messages, _mcqa_fields(obj, where), obj, where)
   ids, ids_at = _verifier_field(obj, 'instruction_id_list')
@@ -241,6 +246,9 @@ def parse_row(obj: Any, where: str) -> Row:
   kind = found[0]
   if kind == 'structured_output':
     fields = _structured_fields(obj, schema, schema_at, where)
+    prompt = fields.pop('tools_prompt', None)
+    if prompt:                 # the tools, shown as tool-use rows show them
+      messages = _with_system(messages, prompt)
   elif kind == 'math':
     if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
       raise RowError(f'{where}: field {answer_at!r} must be a string or a '
@@ -283,6 +291,14 @@ def parse_row(obj: Any, where: str) -> Row:
   return Row(kind, messages, fields, obj, where)
 
 
+def _with_system(messages: list[dict], text: str) -> list[dict]:
+  """The messages with `text` at the end of the system prompt (or as one)."""
+  if messages[0]['role'] == 'system':
+    return [dict(messages[0], content=messages[0]['content'] + '\n\n' + text)
+            ] + messages[1:]
+  return [{'role': 'system', 'content': text}] + messages
+
+
 def _tool_row(obj: dict, messages: list[dict], tools, where: str) -> Row:
   try:
     expected = _tool_call.expected_action(obj['expected_action'])
@@ -292,11 +308,8 @@ def _tool_row(obj: dict, messages: list[dict], tools, where: str) -> Row:
   if expected['type'] == 'calls' and not tools:
     raise RowError(f'{where}: field expected_action is a call, but '
                    'responses_create_params.tools names no tools')
-  if text and messages[0]['role'] == 'system':
-    messages = [dict(messages[0], content=messages[0]['content'] + '\n\n'
-                     + text)] + messages[1:]
-  elif text:
-    messages = [{'role': 'system', 'content': text}] + messages
+  if text:
+    messages = _with_system(messages, text)
   if messages[-1]['role'] == 'assistant':
     raise RowError(f'{where}: field responses_create_params.input ends with '
                    "the assistant's turn; the expected action is the next one")
@@ -339,9 +352,26 @@ def _structured_fields(obj: dict, schema, schema_at: str, where: str) -> dict:
     raise RowError(f'{where}: field {stype_at!r} is {stype!r}; one of '
                    f'{SCHEMA_TYPES}')
   mode, mode_at = _verifier_field(obj, 'response_mode')
-  if mode not in (None, 'text'):
-    raise RowError(f'{where}: field {mode_at!r} is {mode!r}; only text '
-                   'responses are read here (tool-call payloads are not yet)')
+  if mode not in (None, 'text', 'tool_call'):
+    raise RowError(f'{where}: field {mode_at!r} is {mode!r}; one of text, '
+                   'tool_call')
+  tool = {}
+  if mode == 'tool_call':     # v4: the answer is one call's arguments
+    name, key = obj.get('tool_name'), obj.get('tool_payload_key')
+    tools = obj['responses_create_params'].get('tools') or []
+    names = [t.get('name') for t in tools if isinstance(t, dict)]
+    if not isinstance(name, str) or name not in names:
+      raise RowError(f"{where}: field 'tool_name' is {name!r}; it must name "
+                     f'one of responses_create_params.tools ({names[:8]})')
+    if key is not None and not isinstance(key, str):
+      raise RowError(f"{where}: field 'tool_payload_key' must be a string "
+                     'or null')
+    try:
+      tools_prompt = _tool_call.tools_text(tools)
+    except _tool_call.ToolRowError as e:
+      raise RowError(f'{where}: {e}') from None
+    tool = dict(response_mode='tool_call', tool_name=name,
+                tool_payload_key=key, tools_prompt=tools_prompt)
   if not isinstance(schema, str):
     raise RowError(f'{where}: field {schema_at!r} must be a string (a JSON '
                    f'schema), got {type(schema).__name__}')
@@ -352,7 +382,7 @@ def _structured_fields(obj: dict, schema, schema_at: str, where: str) -> dict:
                    f'column {e.colno})') from None
   if not isinstance(parsed, dict):
     raise RowError(f'{where}: field {schema_at!r} must hold a JSON object')
-  return dict(schema_str=schema, schema_type=stype.lower())
+  return dict(schema_str=schema, schema_type=stype.lower(), **tool)
 
 
 def response_text(row: Row) -> str:
@@ -360,7 +390,8 @@ def response_text(row: Row) -> str:
   output = _get(row.raw, 'response.output', row.where, list)
   texts = []
   for j, item in enumerate(output):
-    if (row.kind == 'tool_call' and isinstance(item, dict)
+    if ((row.kind == 'tool_call' or row.fields.get('response_mode') ==
+         'tool_call') and isinstance(item, dict)
         and item.get('type') == 'function_call'):   # the action, as written
       name = _get(item, 'name', row.where, str)
       texts.append(_tool_call.call_text(name, item.get('arguments', '')))

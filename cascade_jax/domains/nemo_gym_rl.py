@@ -19,7 +19,11 @@ Rewards, per row kind (as `nemo_gym.verify_rows`):
 - instruction following: the share of instructions followed under grading
   mode 'fraction', else 1 only when all are; `passed` means all, and each
   instruction is a named check (`DomainScore.by_check`);
-- structured output: the response validates against the strict schema;
+- structured output: the response validates against the strict schema
+  (v4 tool-call rows: its one call's payload does);
+- conversational tool use (tool_call): the reply's next action (its
+  `<tool_call>`s, else a message) against the row's expected action, as
+  NeMo-Gym's single-step tool-use server compares them (`_tool_call`);
 - multiple choice (mcqa): the letter read in the row's grading mode is the
   gold one (`_mcqa`).
 """
