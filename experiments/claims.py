@@ -242,6 +242,22 @@ def verdict_paired_ahead(rule: dict, m: dict) -> str:
   return 'not shown at this scale'
 
 
+def verdict_own_up_in_seeds(rule: dict, m: dict) -> str:
+  """Every (stage, own domain) of m['pairs'] (per seed: change and SE) up
+  beyond threshold x SE in rule['in_seeds'] or more seeds: 'holds'; else
+  'k/n' and the misses."""
+  pairs, k, t = m['pairs'], rule['in_seeds'], rule['threshold']
+  seeds = min((len(cs) for cs in pairs.values()), default=0)
+  if seeds < rule['seeds']:
+    return f"open ({seeds} of {rule['seeds']} seeds)"
+  up = {key: sum(c['change'] > t * c['se'] for c in cs) >= k
+        for key, cs in pairs.items()}
+  if all(up.values()):
+    return 'holds'
+  return (f'{sum(up.values())}/{len(up)} (misses: '
+          + ', '.join(key for key, u in up.items() if not u) + ')')
+
+
 VERDICTS: dict[str, Callable[[dict, dict], str]] = {
     name.removeprefix('verdict_'): fn for name, fn in globals().items()
     if name.startswith('verdict_') and callable(fn)}

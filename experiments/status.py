@@ -468,12 +468,29 @@ def _mopd_gap(files):
                     per_step={s: per_step[s] for s in steps})
 
 
+def _own_domain_seeds(files):
+  """Each seed's report: every RL stage's change in its own domains; per
+  (stage, domain) the seeds up beyond 2 paired SE."""
+  pairs = {}
+  for f in files:
+    for c in _stage_changes(_load(f), own=True):
+      pairs.setdefault(f"{c['stage']} {SHORT.get(c['domain'], c['domain'])}",
+                       []).append(c)
+  mean = lambda cs: float(np.mean([c['change'] for c in cs]))
+  text = (f'{len(files)} seeds; own-domain change, mean (seeds up beyond 2 '
+          'paired SE): ' + ', '.join(
+              f"{k} {mean(cs):+.3f} ({sum(c['change'] > 2 * c['se'] for c in cs)})"
+              for k, cs in pairs.items()))
+  return text, dict(pairs=pairs)
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
     lc_mix=_lc_mix, stage_order=_stage_order,
-    kl_main=_kl_main, mopd_gap=_mopd_gap)
+    kl_main=_kl_main, mopd_gap=_mopd_gap,
+    own_domain_seeds=_own_domain_seeds)
 
 
 def _provenance(files: list[str]) -> str:

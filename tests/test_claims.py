@@ -218,6 +218,19 @@ def test_verdict_paired_ahead():
       'open (3 of 5 seeds)'
 
 
+def test_verdict_own_up_in_seeds():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2)
+  up, flat = _c(0.1), _c(0.0)
+  m = lambda a, b: dict(pairs={'if_rl IF': a, 'rlhf pref': b})
+  assert claims.verdict_own_up_in_seeds(rule, m([up, up, flat],
+                                                [up, flat, up])) == 'holds'
+  assert claims.verdict_own_up_in_seeds(rule, m([up, up, flat],
+                                                [up, flat, flat])) == \
+      '1/2 (misses: rlhf pref)'
+  assert claims.verdict_own_up_in_seeds(rule, m([up, up], [up, up, up])) == \
+      'open (2 of 3 seeds)'
+
+
 def test_every_verdict_function_has_a_test_here():
   with open(__file__) as f:
     tested = f.read()
@@ -237,9 +250,12 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['12_stage_order']
   # In the order of their numbers (9 before 10).
   assert 'post_hoc' not in rules['14_mopd_gap']
-  assert list(rules)[-6:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert 'post_hoc' not in rules['15_own_domain_hybrid']
+  assert 'post_hoc' not in rules['16_forgetting_hybrid']
+  assert list(rules)[-8:] == ['9_if_rl_reward', '10_mopd_recovers',
                               '11_long_context_mix', '12_stage_order',
-                              '13_rlhf_kl_main', '14_mopd_gap']
+                              '13_rlhf_kl_main', '14_mopd_gap',
+                              '15_own_domain_hybrid', '16_forgetting_hybrid']
 
 
 # ----------------------------------------------------------- history
@@ -523,4 +539,15 @@ def test_the_mopd_gap_measure_feeds_its_rule(tmp_path):
   assert m['gap_se'] == pytest.approx(15.0)          # (0.7 - 0.4) / 0.02
   assert m['per_step'][2] == pytest.approx([0.05, 0.051, 0.052, 0.053, 0.054])
   assert 'teacher above the start by 15.0 SE' in text, text
+  assert claims.verdict(rule, m) == 'holds'
+
+
+def test_the_own_domain_measure_counts_seeds_per_stage(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['15_own_domain_hybrid']
+  files = [_report(tmp_path, f's{i}', 0.5) for i in range(3)]
+  text, m = status.MEASURES['own_domain_seeds'](files)
+  # if_rl lifts IF 0.2 -> 0.4 in every seed (40 prompts: 8 flip).
+  assert list(m['pairs']) == ['if_rl IF'] and len(m['pairs']['if_rl IF']) == 3
+  assert 'if_rl IF +0.200 (3)' in text, text
   assert claims.verdict(rule, m) == 'holds'
