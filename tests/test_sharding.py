@@ -339,3 +339,33 @@ def test_weight_sync_to_the_inference_layout_gathers_no_weight(dtype):
   trained = {s for _, s in _all_gathers(train_layout.model(state), sc, 3)}
   assert {tuple(d for d in s if d != 1) for s in trained} & (
       _gathered_shapes(state.params))
+
+
+def test_vocab_parallel_embedding_never_gathers_the_table():
+  # Vocab split over `tensor` (4 ways): the lookup runs in each vocab shard
+  # and sums [B, T, D] over `tensor`; the gathering lookup it replaces
+  # all-gathered the [V, D] table at every step. Values and the table's
+  # gradient equal one device's, tokens from every shard (and its edges).
+  cfg = model.tiny(pattern='*-')
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(data=2, tensor=4)))
+  m = sharding.shard_model(model.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx),
+                           ctx)
+  ref = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  v = cfg.vocab_size
+  toks = jnp.asarray([[0, v // 4 - 1, v // 4, v // 2, v - 1, 3]] * 4)
+  assert m.embed_vd[...].sharding.spec[0] == 'tensor'
+  graph, params, rest = nnx.split(m, nnx.Param, ...)
+
+  def embed(params, toks):
+    return nnx.merge(graph, params, rest).embed(toks)
+
+  f = jax.jit(embed)
+  np.testing.assert_array_equal(f(params, toks), ref.embed(toks))
+  hlo = f.lower(params, toks).compile().as_text()
+  assert 'all-gather' not in hlo and 'all-reduce' in hlo
+  w = jax.random.normal(jax.random.key(0), (4, 6, cfg.embed_dim))
+  loss = lambda e: jnp.sum(e * w)
+  g = jax.jit(jax.grad(lambda p: loss(embed(p, toks))))(params)
+  g_ref = jax.grad(lambda t: loss(jnp.take(t, toks, axis=0)))(
+      ref.embed_vd[...])
+  np.testing.assert_allclose(g['embed_vd'][...], g_ref, rtol=1e-6, atol=1e-6)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from cascade_jax import ops
 
@@ -350,13 +352,18 @@ class Transformer(nnx.Module):
 
   def embed(self, tokens_bt: jax.Array) -> jax.Array:
     """Token embeddings [B, T, D] in the compute dtype."""
-    table = self.embed_vd[...]
-    if self.ctx is not None:
-      # FSDP-style: gather the table before the lookup, so that the lookup's
-      # output can follow the batch sharding (a sharded-table gather cannot).
-      table = self.ctx.constrain(table, (None, None))
-    x = jnp.take(table, tokens_bt, axis=0).astype(jnp.dtype(self.cfg.dtype))
-    return self.constrain(x)
+    table, dtype = self.embed_vd[...], jnp.dtype(self.cfg.dtype)
+    if self.ctx is None:
+      return jnp.take(table, tokens_bt, axis=0).astype(dtype)
+    vocab = self.ctx.mesh_axes('vocab')
+    if vocab and self.ctx.spec(('vocab', None), table.shape)[0] is not None \
+        and not set(vocab) & set(self.ctx.mesh_axes('batch')):
+      return self.constrain(vocab_parallel_take(self.ctx, table, tokens_bt,
+                                                dtype))
+    # FSDP-style: gather the table before the lookup, so that the lookup's
+    # output can follow the batch sharding (a sharded-table gather cannot).
+    table = self.ctx.constrain(table, (None, None))
+    return self.constrain(jnp.take(table, tokens_bt, axis=0).astype(dtype))
 
   def logits(self, hidden_btd: jax.Array) -> jax.Array:
     """The output head on final normed hidden states: logits [B, T, V] fp32."""
@@ -513,3 +520,33 @@ def spilled_fraction(info) -> jax.Array:
 __all__ = ['ExpertBias', 'KVCache', 'Stack', 'Transformer', 'dropped_fraction',
            'spilled_fraction',
            'init_cache']
+
+
+def vocab_parallel_take(ctx: ShardingCtx, table_vd: jax.Array,
+                        tokens_bt: jax.Array, dtype) -> jax.Array:
+  """The embedding lookup with the table's vocabulary kept split (Megatron's
+  vocab-parallel embedding): each vocab shard looks up the tokens in its
+  own rows, the others give zeros, and a sum over the vocab axes puts each
+  token's row together. Exact (one non-zero term per element); what moves
+  is [B, T, D] activations, not the [V, D] table, which the gathering
+  lookup all-gathers over the vocab (tensor) axes at every step. The
+  table's other dimension is gathered as before (FSDP's gather; none in
+  the inference layout)."""
+  vocab = ctx.mesh_axes('vocab')
+  rows = table_vd.shape[0] // math.prod(ctx.axis_size(a) for a in vocab)
+  tok_spec = ctx.spec(('batch', 'seq'), tokens_bt.shape)
+
+  def local(table, tokens):
+    shard = 0
+    for a in vocab:                       # row-major over the vocab axes
+      shard = shard * ctx.axis_size(a) + jax.lax.axis_index(a)
+    at = tokens - shard * rows
+    mine = (at >= 0) & (at < rows)
+    x = jnp.take(table, jnp.clip(at, 0, rows - 1), axis=0).astype(dtype)
+    return jax.lax.psum(jnp.where(mine[..., None], x, jnp.zeros_like(x)),
+                        vocab)
+
+  return jax.shard_map(
+      local, mesh=ctx.mesh,
+      in_specs=(P(vocab if len(vocab) > 1 else vocab[0], None), tok_spec),
+      out_specs=P(*tok_spec, None))(table_vd, tokens_bt)
