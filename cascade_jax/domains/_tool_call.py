@@ -58,9 +58,9 @@ import re
 from typing import Any
 
 from cascade_jax import envs
-from cascade_jax.data._tokenizer import TOOL_END
-from cascade_jax.data._tokenizer import TOOL_START
 from cascade_jax.domains import _base
+
+TOOL_START, TOOL_END = envs.TOOL_START, envs.TOOL_END
 
 MODES = ('binary', 'fraction', 'f1')
 _CALL = re.compile(re.escape(TOOL_START) + r'(.*?)' + re.escape(TOOL_END),

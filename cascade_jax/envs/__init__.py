@@ -16,6 +16,8 @@ from cascade_jax.envs._tools import format_call
 from cascade_jax.envs._tools import MAX_OUTPUT_CHARS
 from cascade_jax.envs._tools import parse_tool_calls
 from cascade_jax.envs._tools import Tool
+from cascade_jax.envs._tools import TOOL_END
+from cascade_jax.envs._tools import TOOL_START
 from cascade_jax.envs._tools import tool_message
 from cascade_jax.envs._tools import ToolCall
 from cascade_jax.envs._tools import ToolCallError
