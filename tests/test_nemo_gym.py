@@ -30,6 +30,14 @@ def _verify(rows, out, *extra):
       cwd=_ROOT, capture_output=True, text=True, timeout=600)
 
 
+def _assert_refused(tmp_path, row, says):
+  """A file of the one row is refused, naming its file, line 1 and `says`."""
+  path = tmp_path / 'rows.jsonl'
+  path.write_text(json.dumps(row) + '\n')
+  with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
+    nemo_gym.read_rows(str(path))
+
+
 def test_verify_writes_every_row_back_in_order_with_its_reward(tmp_path):
   out = tmp_path / 'verified.jsonl'
   res = _verify(ROLLOUTS, out)
@@ -337,10 +345,7 @@ def test_structured_output_rows_are_validated_against_the_strict_schema():
 def test_structured_output_rows_that_cannot_be_read_are_named(tmp_path, change,
                                                               says):
   row = dict(json.loads(open(STRUCTURED).readline()), **change)
-  path = tmp_path / 'rows.jsonl'
-  path.write_text(json.dumps(row) + '\n')
-  with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
-    nemo_gym.read_rows(str(path))
+  _assert_refused(tmp_path, row, says)
 
 
 def test_xml_and_csv_rows_are_coerced_to_their_schemas_types_then_validated():
@@ -500,10 +505,7 @@ def test_mcqa_rows_are_verified_and_train_as_a_domain():
 ])
 def test_mcqa_rows_that_cannot_be_read_are_named(tmp_path, change, says):
   row = dict(json.loads(open(MCQA).readline()), **change)
-  path = tmp_path / 'rows.jsonl'
-  path.write_text(json.dumps(row) + '\n')
-  with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
-    nemo_gym.read_rows(str(path))
+  _assert_refused(tmp_path, row, says)
 
 
 # ------------------------------------------------- conversational tool use
@@ -702,10 +704,7 @@ def _tool_row():
 def test_tool_use_rows_that_cannot_be_read_are_named(tmp_path, edit, says):
   row = _tool_row()
   edit(row)
-  path = tmp_path / 'rows.jsonl'
-  path.write_text(json.dumps(row) + '\n')
-  with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
-    nemo_gym.read_rows(str(path))
+  _assert_refused(tmp_path, row, says)
 
 
 STRUCTURED_TOOL = os.path.join(_DATA, 'structured_tool_call.jsonl')
