@@ -2,7 +2,10 @@
 
 import json
 import os
+import threading
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -10,6 +13,7 @@ from cascade_jax import cascade
 from cascade_jax import domains
 from cascade_jax import report
 from cascade_jax import reward_model
+from cascade_jax import utils
 from configs import cascade as cascade_config
 
 
@@ -200,6 +204,16 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   pr = np.asarray(data['pass_rate'], float)
   np.testing.assert_allclose(d[2], pr[2] - pr[0])   # if_rl against sft
   assert 'if_rl' in out['table'] and 'mismatch max' in out['table']
+  # Each stage's compiles, counted for training and evaluation apart: SFT
+  # compiled its train step; its evaluation compiled the sampler.
+  for r in records:
+    assert set(r['compiles']) == {'train', 'eval'}, r['name']
+  assert records[0]['compiles']['train']['compiles'] >= 1
+  assert records[0]['compiles']['eval']['compile_s'] > 0
+  assert data['compile_s'] == pytest.approx(sum(
+      x['compile_s'] + x['trace_s'] for r in records
+      for x in r['compiles'].values()))
+  assert 'compile s' in out['table']
   assert set(data['on_policy']) == {'rlhf_branch', 'if_rl', 'mopd'}
   for name, check in data['on_policy'].items():
     rows = [json.loads(l) for l in open(tmp_path / name / 'rl_metrics.jsonl')]
@@ -402,3 +416,23 @@ def test_recover_runs_mopd_with_the_best_earlier_teachers_and_grpo(tmp_path):
       'rollouts_per_prompt'])(json.load(open(
           tmp_path / 'rec' / arm / 'config.json'))['rl'])
   assert rollouts('mopd') == rollouts('grpo') == 8     # equal rollouts
+
+
+def test_compile_counter_counts_compiles_in_its_block_only():
+  f = jax.jit(lambda x: x * 3 - 1)
+  x4, x5 = jnp.ones(4), jnp.ones(5)       # made outside: not counted
+  with utils.CompileCounter() as counted:
+    f(x4)
+    first = counted.stats()               # so far, inside the block
+    f(x4)                                 # the same shape: no compile
+    assert counted.stats()['compiles'] == first['compiles'] == 1
+    t = threading.Thread(target=lambda: f(x5))
+    t.start()
+    t.join()                              # another thread's compile counts
+  after = counted.stats()
+  assert after['compiles'] == 2 and after['compile_s'] > 0
+  assert after['trace_s'] > 0 and after['cache_hits'] == 0
+  f(jnp.ones(6))                          # after the block: not counted
+  assert counted.stats() == after
+  with pytest.raises(RuntimeError, match='context manager'):
+    utils.CompileCounter().stats()

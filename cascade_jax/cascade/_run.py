@@ -136,34 +136,42 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     t0 = time.perf_counter()
     extra = {}
     ops.reset_selected()
-    if st.kind == 'sft':
-      sft.run(c, d)
-    elif st.kind == 'reward_model':
-      extra = reward_model.train_run(c, d)
-    elif st.kind == 'judge':
-      extra = dict(judge=reward_model.judge_train_run(c, d))
-    else:
-      rl.run(c, d)
+    with utils.CompileCounter() as train_compiles:
+      if st.kind == 'sft':
+        sft.run(c, d)
+      elif st.kind == 'reward_model':
+        extra = reward_model.train_run(c, d)
+      elif st.kind == 'judge':
+        extra = dict(judge=reward_model.judge_train_run(c, d))
+      else:
+        rl.run(c, d)
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    scores = {} if st.kind in ('reward_model', 'judge') else score_stage(
-        d, evals, temperature=config.eval_temperature,
-        samples=config.eval_samples, seed=config.seed, config=config)
+    with utils.CompileCounter() as eval_compiles:
+      scores = {} if st.kind in ('reward_model', 'judge') else score_stage(
+          d, evals, temperature=config.eval_temperature,
+          samples=config.eval_samples, seed=config.seed, config=config)
     rec = dict(name=st.name, kind=st.kind, init_from=st.init_from,
                branch=st.branch, teachers=st.teachers,
                reward_model=st.reward_model, domains=_domains(st),
                train_s=train_s, eval_s=time.perf_counter() - t0,
                eval=dict(temperature=config.eval_temperature,
                          samples=config.eval_samples),
-               scores=scores, ops=ops.selected(), **extra)
+               scores=scores, ops=ops.selected(),
+               compiles=dict(train=train_compiles.stats(),
+                             eval=eval_compiles.stats()), **extra)
     if train.is_main_process():
       with open(done + '.tmp', 'w') as f:
         json.dump(rec, f, indent=2)
       os.replace(done + '.tmp', done)  # a stage is done only once this exists
     _barrier(f'cascade: {st.name} done')
     records.append(rec)
+    n_comp = sum(x['compiles'] for x in rec['compiles'].values())
+    comp_s = sum(x['compile_s'] + x['trace_s']
+                 for x in rec['compiles'].values())
     print(f'[cascade] {st.name} done in {train_s:.0f}s (+{rec["eval_s"]:.0f}s '
-          f'eval); {time.perf_counter() - t_start:.0f}s so far', flush=True)
+          f'eval; {n_comp} compiles, {comp_s:.0f}s of it); '
+          f'{time.perf_counter() - t_start:.0f}s so far', flush=True)
   return records
 
 

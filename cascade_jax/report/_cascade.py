@@ -81,7 +81,7 @@ def cascade_report(workdir: str, records: Sequence[dict],
                     title=f'RL stages ({metric_label(records)} for eval)')
 
   header = ['stage', 'kind', 'from'] + cols + ['train s', 'eval s',
-                                               'mismatch max']
+                                               'compile s', 'mismatch max']
   rows = []
   for n, v in zip(names, vals):
     r = by_name[n]
@@ -89,7 +89,7 @@ def cascade_report(workdir: str, records: Sequence[dict],
     cells = [f"{x:.3f}{'*' if d in own else ''}" for d, x in zip(doms, v)]
     worst = on_policy.get(n, {}).get('sampler_mismatch_max')
     rows.append([n, r['kind'], r['init_from'] or '-'] + cells +
-                [round(r['train_s']), round(r['eval_s']),
+                [round(r['train_s']), round(r['eval_s']), _compile_cell(r),
                  '-' if worst is None else f'{worst:.1e}'])
   table = utils.format_table(header, rows)
   own_gains = {n: {d: float(dv[doms.index(d)]) for d in by_name[n]['domains']
@@ -98,6 +98,8 @@ def cascade_report(workdir: str, records: Sequence[dict],
                if by_name[n]['kind'] in ('grpo', 'mopd')}
   rm = [r for r in records if r['kind'] == 'reward_model']
   total = sum(r['train_s'] + r['eval_s'] for r in records)
+  compiled = [x for r in records for x in r.get('compiles', {}).values()]
+  compile_s = sum(x['compile_s'] + x['trace_s'] for x in compiled)
   config = None
   if os.path.exists(os.path.join(workdir, 'config.json')):
     with open(os.path.join(workdir, 'config.json')) as f:
@@ -106,6 +108,7 @@ def cascade_report(workdir: str, records: Sequence[dict],
               stages=list(records), domains=doms, matrix_stages=names,
               metric=metric, pass_rate=vals.tolist(), deltas=dvals.tolist(),
               own_domain_change=own_gains, total_s=total,
+              compile_s=compile_s if compiled else None,
               on_policy=on_policy,
               reward_model={r['name']: dict(accuracy=r.get('accuracy'),
                                             accuracy_before=r.get(
@@ -125,10 +128,16 @@ def cascade_report(workdir: str, records: Sequence[dict],
            + (f", {meta['wall_s']:.0f}s wall" if 'wall_s' in meta else '')
            + '.\n\n')
   md = ['# Cascade report', '',
-        run + f'{len(records)} stages, {total:.0f}s of stage time. {metric} '
+        run + f'{len(records)} stages, {total:.0f}s of stage time'
+        + (f' ({compile_s:.0f}s of it compiling and tracing: '
+           f'{sum(x["compiles"] for x in compiled)} XLA compiles)'
+           if compiled else '') + f'. {metric} '
         'on every domain\'s eval split after each stage; * marks the '
         "stage's own domains.", '', '```', table, '```', '',
         '![pass rates](matrix.png)', '',
+        '`compile s`: the stage\'s seconds of XLA compiles, tracing and '
+        'lowering, training and evaluation together (part of its train and '
+        'eval seconds). '
         '`mismatch max`: the largest |log pi_learner - log pi_sampler| over '
         'the response tokens of any step of an RL stage (on-policy: float '
         'rounding only).', '', '## What each stage changed', '',
@@ -163,6 +172,15 @@ def cascade_report(workdir: str, records: Sequence[dict],
   with open(mpath, 'w') as f:
     f.write('\n'.join(md))
   return dict(markdown=mpath, json=jpath, table=table)
+
+
+def _compile_cell(record: dict) -> int | str:
+  """A stage's compile seconds (train and eval), or '-' for a record from
+  before they were counted."""
+  if 'compiles' not in record:
+    return '-'
+  return round(sum(x['compile_s'] + x['trace_s']
+                   for x in record['compiles'].values()))
 
 
 def stage_panel(record: dict, metrics_path: str,
