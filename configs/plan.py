@@ -20,6 +20,7 @@ at these shapes is an error, not a quiet slow step.
 
 import ml_collections
 
+from cascade_jax import model
 from cascade_jax import train
 
 # Mesh name -> axes (+ the TPU topology of that many chips). Names are
@@ -109,7 +110,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict(dict(
         preset='nemotron3_nano_30b_a3b',
         overrides=ml_collections.ConfigDict(dict(
-            param_dtype='float32', dtype='bfloat16'))))
+            param_dtype='float32', dtype='bfloat16',
+            # The preset's 52 layers; a shorter one (the same unit, fewer
+            # repeats, with or without the unrolled tail) splits what the
+            # compiled step's memory grows with:
+            # --config.model.overrides.pattern=MEMEM*EMEMEM*E
+            pattern=model.NEMOTRON3_NANO_PATTERN))))
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
     c.sampler_dtype = 'bfloat16'      # the sampler reads a bf16 copy

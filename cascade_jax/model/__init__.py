@@ -10,6 +10,7 @@ from cascade_jax.model._attention import rope_tables
 from cascade_jax.model._config import MambaConfig
 from cascade_jax.model._config import ModelConfig
 from cascade_jax.model._config import MoEConfig
+from cascade_jax.model._config import NEMOTRON3_NANO_PATTERN
 from cascade_jax.model._config import nemotron3_nano_30b_a3b
 from cascade_jax.model._config import preset
 from cascade_jax.model._config import PRESETS
