@@ -115,7 +115,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # repeats, with or without the unrolled tail) splits what the
             # compiled step's memory grows with:
             # --config.model.overrides.pattern=MEMEM*EMEMEM*E
-            pattern=model.NEMOTRON3_NANO_PATTERN))))
+            pattern=model.NEMOTRON3_NANO_PATTERN,
+            # The expert-parallel receive buffer, x the mean load (the
+            # default, as Qwen3's: docs/results/plan_nemotron_depth_2026-12-04).
+            moe=dict(ragged_buffer_factor=2.0)))))
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
     c.sampler_dtype = 'bfloat16'      # the sampler reads a bf16 copy

@@ -283,6 +283,25 @@ def test_counted_flops_include_attention():
   assert aot.attention_context('decode', shapes) == shapes['cache_len']
 
 
+def test_nemotron_plan_is_the_preset_and_its_depth_and_buffer_override():
+  # The plan's model is the preset's 52 layers with the expert-parallel
+  # receive buffer at 2 x the mean load; the command line can shorten the
+  # pattern (a proxy that compiles in minutes) and change the factor.
+  c = plan_config.get_config('nemotron3_nano_30b_a3b')
+  cfg = aot.model_config(c)
+  assert cfg.pattern == model.nemotron3_nano_30b_a3b().pattern
+  assert len(cfg.pattern) == 52 and cfg.moe.ragged_buffer_factor == 2.0
+  assert cfg.moe.num_experts == 128 and cfg.param_dtype == 'float32'
+  c = plan_config.get_config('nemotron3_nano_30b_a3b_ep')
+  c.model.overrides.pattern = 'MEMEM*E'
+  c.model.overrides.moe.ragged_buffer_factor = 1.25
+  short = aot.model_config(c)
+  assert len(short.pattern) == 7     # stored as ME x 2 (scanned), then M*E
+  assert short.layer_groups == (('ME', 2), ('M*E', 1))
+  assert short.moe.ragged_buffer_factor == 1.25
+  assert short.moe.top_k == cfg.moe.top_k and short.mamba == cfg.mamba
+
+
 def test_a_rule_shards_non_expert_weights_over_the_expert_axis():
   c = plan_config.get_config('qwen3_30b_a3b_fsdp_expert')
   mesh = sharding.make_mesh(dict(fsdp=2, expert=4))

@@ -20,6 +20,8 @@ _KINDS = (
     (r'f32\[(\d+,)?128,(1856,336|336,1856)\]',
      'expert weight shards (an eighth), fp32'),
     (r'131072', 'embedding / output head'),
+    (r'\[9830[45],|\[\d+,8,2,1408\]',
+     "expert-parallel receive buffers (2 x the mean load: 98,304 rows)"),
     (r'\[49152,|\[8192,6,|\[49153,', 'MoE token rows (8,192 x top-6)'),
     (r'64,64,128|64,128,64,64|8192,64,64', 'Mamba chunk states'),
 )
