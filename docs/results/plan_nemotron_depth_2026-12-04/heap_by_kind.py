@@ -15,6 +15,10 @@ import sys
 
 _UNITS = {'GiB': 2**30, 'MiB': 2**20, 'KiB': 2**10, 'B': 1}
 _KINDS = (
+    (r'f32\[5,16,(2688,1856|1856,2688)\]',
+     "the scanned group's expert weights, all 5 repeats, fp32 (expert 8)"),
+    (r'bf16\[5,16,(2688,1856|1856,2688)\]',
+     "the scanned group's expert weights, all 5 repeats, bf16 (expert 8)"),
     (r'bf16\[(1,)?128,(2688,1856|1856,2688)\]',
      'whole expert weights of a layer, bf16 (all 128 experts)'),
     (r'f32\[(\d+,)?128,(1856,336|336,1856)\]',
