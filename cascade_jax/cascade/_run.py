@@ -167,10 +167,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     _barrier(f'cascade: {st.name} done')
     records.append(rec)
     n_comp = sum(x['compiles'] for x in rec['compiles'].values())
-    comp_s = sum(x['compile_s'] + x['trace_s']
-                 for x in rec['compiles'].values())
     print(f'[cascade] {st.name} done in {train_s:.0f}s (+{rec["eval_s"]:.0f}s '
-          f'eval; {n_comp} compiles, {comp_s:.0f}s of it); '
+          f'eval; {n_comp} compiles, '
+          f'{utils.compile_seconds(rec["compiles"]):.0f}s of it); '
           f'{time.perf_counter() - t_start:.0f}s so far', flush=True)
   return records
 

@@ -99,7 +99,8 @@ def cascade_report(workdir: str, records: Sequence[dict],
   rm = [r for r in records if r['kind'] == 'reward_model']
   total = sum(r['train_s'] + r['eval_s'] for r in records)
   compiled = [x for r in records for x in r.get('compiles', {}).values()]
-  compile_s = sum(x['compile_s'] + x['trace_s'] for x in compiled)
+  compile_s = sum(utils.compile_seconds(r.get('compiles', {}))
+                  for r in records)
   config = None
   if os.path.exists(os.path.join(workdir, 'config.json')):
     with open(os.path.join(workdir, 'config.json')) as f:
@@ -179,8 +180,7 @@ def _compile_cell(record: dict) -> int | str:
   before they were counted."""
   if 'compiles' not in record:
     return '-'
-  return round(sum(x['compile_s'] + x['trace_s']
-                   for x in record['compiles'].values()))
+  return round(utils.compile_seconds(record['compiles']))
 
 
 def stage_panel(record: dict, metrics_path: str,

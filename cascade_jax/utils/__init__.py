@@ -3,6 +3,7 @@
 from cascade_jax.utils._bench import format_table
 from cascade_jax.utils._bench import time_fn
 from cascade_jax.utils._bench import write_results
+from cascade_jax.utils._compiles import compile_seconds
 from cascade_jax.utils._compiles import CompileCounter
 from cascade_jax.utils._logs import enable_compilation_cache
 from cascade_jax.utils._logs import quiet_logs

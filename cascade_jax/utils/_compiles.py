@@ -80,3 +80,9 @@ class CompileCounter:
         compile_s=round(d(t1, t0, _BACKEND), 3),
         trace_s=round(d(t1, t0, _TRACE) + d(t1, t0, _LOWER), 3),
         cache_hits=int(d(c1, c0, _CACHE_HIT)))
+
+
+def compile_seconds(compiles: dict[str, dict]) -> float:
+  """Seconds of compiling and tracing in a record's `compiles` ({part:
+  `CompileCounter.stats()`}, e.g. a cascade stage's train and eval)."""
+  return sum(x['compile_s'] + x['trace_s'] for x in compiles.values())
