@@ -43,14 +43,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # policy of t - max_staleness updates (0: strictly on-policy), trained
   # with the decoupled objective; rollout_worker 'process' samples them in
   # a process of its own while the learner updates (rollout_cpus: its
-  # cores), 'inline' in the learner's process.
+  # cores), 'inline' in the learner's process. capacity_headroom: the
+  # stage's first update sizes the learner's MoE capacity for that much
+  # more load than its batch needs (each larger capacity compiles again).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
       temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16, kl_coef=0.0,
       clip_eps_low=0.2, clip_eps_high=0.2, updates_per_batch=1, micro_batches=1,
       advantage_scale='std', dynamic_filtering=True, max_refill_rounds=2,
       overlong='penalty', routing_replay=True, mopd_reward_weight=0.0,
-      trim_bucket=0, sampler_dtype='float32', sampler_layout='inference',
+      trim_bucket=0, capacity_headroom=0.25, sampler_dtype='float32', sampler_layout='inference',
       behaviour_correction='tis', tis_cap=2.0, verifier_reward='graded',
       max_staleness=0, rollout_worker='inline', rollout_cpus=''))
   c.optim = ml_collections.ConfigDict(dict(

@@ -198,6 +198,12 @@ def test_replay_capacity_by_hand_and_never_drops():
   for load, want in [(9, 10), (16, 16), (17, 20), (100, 112)]:
     e = np.zeros((1, load, 1, 1), np.int32)
     assert model.replay_capacity(e, np.ones((1, load), bool), 4) == want
+  # With headroom: the load times 1 + headroom, then rounded: 9 * 1.25 ->
+  # 12, 100 * 1.25 -> 125 -> 128, 16 * 1.5 -> 24.
+  for load, h, want in [(9, 0.25, 12), (100, 0.25, 128), (16, 0.5, 24)]:
+    e = np.zeros((1, load, 1, 1), np.int32)
+    assert model.replay_capacity(e, np.ones((1, load), bool), 4,
+                                 headroom=h) == want
   # The main job's preset with a skewed expert bias: routing it and
   # replaying it at that capacity drops nothing.
   cfg = model.small(vocab_size=64)

@@ -127,6 +127,40 @@ def test_micro_batches_give_the_same_update(setup, kind):
           jax.tree_util.keystr(path), k)
 
 
+def test_first_update_sizes_the_capacity_with_headroom(setup):
+  # The main job's path (capacity dispatch, replayed routing): a stage's
+  # first update fits 1 + capacity_headroom times its batch's largest
+  # expert load; later updates keep that capacity while their loads fit it
+  # (one compile) and add no headroom of their own; a resumed learner
+  # (capacity restored from the checkpoint) adds none either.
+  tok, recs, agentic = setup
+  cfg, m = _policy(tok)
+  c = rl.RLConfig(prompts_per_step=8, rollouts_per_prompt=4,
+                  max_new_tokens=12, dynamic_filtering=False, overlong='none')
+  assert c.capacity_headroom == 0.25
+  batch = _batch('grpo', tok, recs, agentic, m, c)
+  valid = batch.segment_ids != 0
+  exact = model.replay_capacity(batch.expert_idx, valid, 8)
+  roomy = model.replay_capacity(batch.expert_idx, valid, 8, headroom=0.25)
+  assert roomy > exact
+  opt = _optimizer()
+  graph, state = train.init_state(m, opt)
+  learner = rl.Learner(graph, opt, c)
+  state, m1 = learner.step(state, batch)
+  assert m1['moe_capacity'] == roomy == learner.capacity
+  assert m1['dropped_learner'] == 0.0
+  state, m2 = learner.step(state, batch)     # (the step donates its state)
+  assert m2['moe_capacity'] == roomy
+  resumed = rl.Learner(graph, opt, c, capacity=exact)
+  state, m3 = resumed.step(state, batch)
+  assert m3['moe_capacity'] == exact
+  exact_only = rl.Learner(graph, opt, dataclasses.replace(
+      c, capacity_headroom=0.0))
+  assert exact_only.step(state, batch)[1]['moe_capacity'] == exact
+  with pytest.raises(ValueError, match='capacity_headroom must be >= 0'):
+    dataclasses.replace(c, capacity_headroom=-0.1)
+
+
 def test_micro_batches_must_split_the_batch(setup):
   tok, recs, agentic = setup
   cfg, m = _policy(tok)

@@ -373,19 +373,22 @@ def dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
   return y, jnp.ones(idx_nk.shape, bool), worst > cap
 
 
-def replay_capacity(expert_idx_btlk, valid_bt, num_experts: int) -> int:
+def replay_capacity(expert_idx_btlk, valid_bt, num_experts: int, *,
+                    headroom: float = 0.0) -> int:
   """Capacity (slots per expert) that drops nothing under a replayed routing.
 
   The largest number of real (token, choice) pairs any expert receives in
   any MoE layer of the batch (an upper bound for every shard of it too),
-  rounded up to a quarter of its power of two (2^j + i 2^(j-2)), so that a
-  run's updates see a few capacities, each compiled once, with at most
-  25 % of slots unused.
+  times 1 + `headroom` (room for batches to come), rounded up to a quarter
+  of its power of two (2^j + i 2^(j-2)), so that a run's updates see a few
+  capacities, each compiled once, with at most 25 % of slots unused
+  (beyond the headroom).
 
   Args:
     expert_idx_btlk: [B, T, L_moe, k] the routing to replay (numpy).
     valid_bt: [B, T] real tokens (segment id != 0); padding takes no slot.
     num_experts: E.
+    headroom: the fraction of extra load to fit (>= 0).
   """
   e = np.asarray(expert_idx_btlk)
   valid = np.broadcast_to(np.asarray(valid_bt, bool)[:, :, None, None],
@@ -395,6 +398,7 @@ def replay_capacity(expert_idx_btlk, valid_bt, num_experts: int) -> int:
   layer = np.broadcast_to(np.arange(e.shape[2])[None, None, :, None], e.shape)
   load = np.bincount((layer * num_experts + e)[valid],
                      minlength=e.shape[2] * num_experts).max()
+  load = int(np.ceil(load * (1.0 + headroom)))
   q = 2 ** max(int(load).bit_length() - 3, 0)
   return int(-(-load // q) * q)
 

@@ -205,7 +205,8 @@ class MoE(nnx.Module):
 
 
 def exact_dispatch(cfg: ModelConfig, expert_idx_btlk=None, valid_bt=None, *,
-                   min_capacity: int = 0) -> dict[str, Any]:
+                   min_capacity: int = 0, headroom: float = 0.0
+                   ) -> dict[str, Any]:
   """`Transformer` keyword arguments for a forward that drops no token.
 
   A forward that scores a rollout (learner, reference, teacher, reward
@@ -214,8 +215,9 @@ def exact_dispatch(cfg: ModelConfig, expert_idx_btlk=None, valid_bt=None, *,
   with a replayed routing (numpy `expert_idx_btlk` [B, T, L_moe, k] and
   `valid_bt` [B, T]) it gets a capacity that fits it (`replay_capacity`:
   exact at `capacity`'s cost; at least `min_capacity`: a run that passes
-  its largest capacity so far compiles again only when a batch needs more),
-  and without one it runs `dropless`.
+  its largest capacity so far compiles again only when a batch needs more;
+  `headroom`: room for that much more load, `replay_capacity`'s), and
+  without one it runs `dropless`.
   """
   if cfg.moe is None or cfg.moe.dispatch != 'capacity':
     return {}
@@ -223,7 +225,8 @@ def exact_dispatch(cfg: ModelConfig, expert_idx_btlk=None, valid_bt=None, *,
     return dict(moe_dispatch='dropless')
   return dict(moe_dispatch='capacity',
               moe_capacity=max(min_capacity, _dispatch.replay_capacity(
-                  expert_idx_btlk, valid_bt, cfg.moe.num_experts)))
+                  expert_idx_btlk, valid_bt, cfg.moe.num_experts,
+                  headroom=headroom)))
 
 
 def _spec_axes(entry) -> tuple[str, ...]:

@@ -59,6 +59,14 @@ class RLConfig:
   # (0: never). Each new width compiles the update once more: worth it for
   # long stages with a generous max_new_tokens, not for 30-step ones.
   trim_bucket: int = 0
+  # The MoE capacity of the stage's first update (the capacity path under
+  # replayed routing, `model.exact_dispatch`) fits this much more load than
+  # its batch needs. A run never lowers its capacity and its later batches'
+  # loads drift upwards as the policy moves, so without headroom nearly
+  # every stage compiled its update twice at one batch shape; each compile
+  # of the main job's update costs 2-3 s on a laptop CPU. 0: exactly what
+  # the first batch needs.
+  capacity_headroom: float = 0.25
   # Multi-turn domains (an environment per record; `max_new_tokens` is then
   # a reply's budget): turns, tokens of one observation, tokens of the
   # whole episode (prompt included; the learner's sequence length). 0: the
@@ -172,6 +180,9 @@ class RLConfig:
     if cpus and self.rollout_worker != 'process':
       raise ValueError("rl.rollout_cpus pins the sampler process: it needs "
                        "rl.rollout_worker='process'")
+    if not self.capacity_headroom >= 0.0:
+      raise ValueError(f'rl.capacity_headroom must be >= 0 (0: the first '
+                       f'batch\'s own load), got {self.capacity_headroom}')
     if not self.tis_cap >= 1.0:
       raise ValueError(f'rl.tis_cap must be >= 1, got {self.tis_cap}')
     for k in ('updates_per_batch', 'micro_batches'):

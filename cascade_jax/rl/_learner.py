@@ -131,13 +131,15 @@ def _moe_key(moe: dict) -> tuple:
 
 
 def exact_moe(model_cfg, batch: RLBatch | None = None, *, min_capacity: int = 0,
-              parts: list[np.ndarray] | None = None) -> tuple:
+              parts: list[np.ndarray] | None = None,
+              headroom: float = 0.0) -> tuple:
   """`update`'s / `frozen_logprobs`' static `moe` for a host batch: no token dropped.
 
   With the batch's routing replayed, a capacity that fits the largest of
   `parts` (row index arrays: the micro-batches the update runs; default
-  the whole batch) and at least `min_capacity` (the largest a run has
-  used: `model.exact_dispatch`); without routing, a dropless path.
+  the whole batch) with `headroom` to spare and at least `min_capacity`
+  (the largest a run has used: `model.exact_dispatch`); without routing, a
+  dropless path.
   """
   replay = None if batch is None else batch.expert_idx
   if replay is None:
@@ -145,7 +147,8 @@ def exact_moe(model_cfg, batch: RLBatch | None = None, *, min_capacity: int = 0,
   replay, valid = np.asarray(replay), np.asarray(batch.segment_ids) != 0
   caps = [dict(model_lib.exact_dispatch(
       model_cfg, replay if rows is None else replay[rows],
-      valid if rows is None else valid[rows], min_capacity=min_capacity))
+      valid if rows is None else valid[rows], min_capacity=min_capacity,
+      headroom=headroom))
           for rows in (parts or [None])]
   return _moe_key(max(caps, key=lambda c: c.get('moe_capacity', 0)))
 
@@ -405,8 +408,11 @@ class Learner:
       m = check_on_policy(state.params, state.rest, self.put(batch),
                           graph=self.graph, cfg=cfg, moe=moe)
       return state, _floats(sharding.to_host(m))
+    # The stage's first update sizes the capacity with headroom for the
+    # batches to come (each new capacity compiles the update again).
     moe = exact_moe(mcfg, batch, min_capacity=self.capacity,
-                    parts=self.parts(batch.num_rows))
+                    parts=self.parts(batch.num_rows),
+                    headroom=0.0 if self.capacity else cfg.capacity_headroom)
     self.capacity = max(self.capacity, dict(moe).get('moe_capacity', 0))
     dev, extra = self.prepare(batch)
     if cfg.max_staleness and cfg.updates_per_batch > 1:
