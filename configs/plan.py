@@ -52,6 +52,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the FSDP and expert axes, decode's MoE by the ragged exchange) or 'train'.
   c.sampler_layout = 'inference'
   c.ops_strict = True
+  # Adam's moments in training steps: 'float32' (8 bytes a parameter) or
+  # 'bfloat16' (4; train.OptimConfig.moment_dtype).
+  c.moment_dtype = 'float32'
   # XLA options for the TPU compiles (not the CPU fallback's), e.g.
   # dict(xla_tpu_scoped_vmem_limit_kib=65536) as MaxText raises it.
   c.tpu_compiler_options = ml_collections.ConfigDict()

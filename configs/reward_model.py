@@ -25,7 +25,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict(dict(
       lr=3e-4, warmup_steps=10, decay_steps=100, end_lr_frac=0.1, b1=0.9,
       b2=0.98, weight_decay=0.0, clip_norm=1.0, schedule='cosine',
-      warmup_init_frac=0.0))
+      warmup_init_frac=0.0, moment_dtype='float32'))
   c.batch_size = 32             # pairs per step
   c.steps = 100
   c.eval_n = 256

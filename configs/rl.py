@@ -58,7 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',
-      warmup_init_frac=0.1))
+      warmup_init_frac=0.1, moment_dtype='float32'))
   c.teachers = ml_collections.ConfigDict({'math': ''})  # MOPD: domain -> run
   # A reward-model run (Bradley-Terry) or a generative judge's run
   # (configs/judge.py): its scores are the reward instead of the verifiers'.

@@ -106,7 +106,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-3, warmup_steps=50, decay_steps=400, end_lr_frac=0.1, b1=0.9,
       b2=0.98, weight_decay=0.1, clip_norm=1.0, schedule='cosine',
-      warmup_init_frac=0.0))
+      warmup_init_frac=0.0, moment_dtype='float32'))
   c.accum_steps = 1
   c.expert_bias_rate = 1e-3
   c.steps = 400

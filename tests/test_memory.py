@@ -262,3 +262,60 @@ def test_memory_settings_change_no_checkpoint_layout():
       b.to_pure_dict())
   assert dataclasses.replace(_main_job_cfg(), scan_layers=True
                              ).layer_groups == _main_job_cfg().layer_groups
+
+
+def test_bf16_moments_store_adam_in_half_the_bytes_and_follow_fp32(tmp_path):
+  # optim.moment_dtype='bfloat16': Adam's moments stored in bf16 (the same
+  # leaves, shapes and shardings, half the bytes), each update computed in
+  # fp32 from them; three SFT steps of the main job's model land within
+  # bf16 rounding of the fp32 moments' run. A checkpoint written with either
+  # restores into the other (cast on restore).
+  from cascade_jax import checkpoint  # pylint: disable=g-import-outside-toplevel
+  from cascade_jax import sft         # pylint: disable=g-import-outside-toplevel
+  toks = np.asarray(_tokens(8, 33))   # 8 x 32 tokens: whole shards
+  batch = jax.tree.map(jnp.asarray, dict(
+      inputs=toks[:, :-1], targets=toks[:, 1:],
+      positions=np.broadcast_to(np.arange(32), (8, 32)),
+      segment_ids=np.ones((8, 32), np.int32), mask=np.ones((8, 32), np.int32)))
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(fsdp=4, expert=2)))
+  res = {}
+  for dt in ('float32', 'bfloat16'):
+    opt = train.make_optimizer(train.OptimConfig(lr=1e-3, warmup_steps=1,
+                                                 moment_dtype=dt))
+    m = model.Transformer(_main_job_cfg(), rngs=nnx.Rngs(0), ctx=ctx)
+    sharding.shard_model(m, ctx)
+    graph, state = train.init_state(m, opt)
+    for _ in range(3):
+      state, _ = sft.train_step(state, batch, graph=graph, opt=opt, accum=1,
+                                bias_rate=0.0, n_moe=2)
+    res[dt] = state
+  s32, s16 = res['float32'], res['bfloat16']
+  moments = lambda s: [x for x in jax.tree.leaves(s.opt_state) if x.ndim]
+  assert {x.dtype for x in moments(s16)} == {jnp.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree.leaves(s16.params)} == {
+      jnp.dtype(jnp.float32)}
+  assert [(x.shape, x.sharding.spec) for x in moments(s16)] == [
+      (x.shape, x.sharding.spec) for x in moments(s32)]
+  nbytes = lambda s: sum(x.addressable_shards[0].data.nbytes
+                         for x in moments(s))
+  assert nbytes(s16) * 2 == nbytes(s32)
+  moved = [np.abs(np.asarray(a) - np.asarray(b)).max() for a, b in zip(
+      jax.tree.leaves(s16.params), jax.tree.leaves(s32.params))]
+  # Three steps of lr 1e-3 move a weight up to 3e-3; bf16 moments change
+  # each step's size by their rounding (~0.4 % a moment).
+  assert 0 < max(moved) < 1e-4, max(moved)
+  for src, dst in (('float32', 'bfloat16'), ('bfloat16', 'float32'),
+                   ('bfloat16', 'bfloat16')):
+    ck = checkpoint.Checkpointer(str(tmp_path / f'{src}_{dst}'),
+                                 async_save=False)
+    ck.save(1, res[src].to_checkpoint())
+    restored, _ = ck.restore(res[dst].to_checkpoint())
+    ck.close()
+    got = [x for x in restored['opt_state'] if x.ndim]
+    assert {x.dtype for x in got} == {jnp.dtype(dst)}
+    for a, b in zip(got, moments(res[src])):
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32), rtol=1e-2,
+                                 atol=1e-12)
+  with pytest.raises(ValueError, match='optim.moment_dtype'):
+    train.OptimConfig(moment_dtype='float16')

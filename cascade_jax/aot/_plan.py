@@ -427,7 +427,8 @@ def run(config: ml_collections.ConfigDict, *, progress=print,
 
 def _run(config, progress, on_step) -> list[StepCost]:
   cfg = model_config(config)
-  opt = train.make_optimizer(train.OptimConfig())
+  opt = train.make_optimizer(train.OptimConfig(
+      moment_dtype=config.get('moment_dtype', 'float32')))
   rules = sharding.rules_from_config(
       config.rules.to_dict() if config.get('rules') else None)
   steps = [s.strip() for s in config.steps.split(',') if s.strip()]
