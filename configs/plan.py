@@ -144,6 +144,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.meshes = ml_collections.ConfigDict({
         'v5p-16': dict(fsdp=1, expert=8, topology='v5p:2x2x2')})
     c.rules.embed = 'fsdp,expert'
+    # What fits 8 v5p chips (docs/results/plan_nemotron_bf16_moments_2026-12-04):
+    # Adam's moments in bf16 (state 47.4 -> 31.6 GB a chip), the receive
+    # buffer at 1.25 x the mean load, the output head 512 positions at a
+    # time. SFT peaks at 88.4 GB; GRPO at 94.9 GB, 0.1 GB under 95.
+    c.moment_dtype = 'bfloat16'
+    c.model.overrides.moe.ragged_buffer_factor = 1.25
+    c.memory.logits_chunk = 512
   elif arg == 'small_hybrid':
     # The hybrid main job's model on 8 fake devices (the test size).
     c.platform = 'cpu'

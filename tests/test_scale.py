@@ -180,6 +180,23 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('heavy')
+def test_plan_with_bf16_moments_holds_two_thirds_of_the_state():
+  # --config.moment_dtype=bfloat16: Adam's moments 4 bytes a parameter
+  # instead of 8, so a training step's state (fp32 weights + moments) is
+  # 8 / 12 of the fp32 moments' state, and the compiled arguments shrink
+  # with it.
+  c = plan_config.get_config('small')
+  c.only, c.steps, c.cost_meshes = 'fsdp2_tensor2_expert2', 'sft', 'none'
+  fp32, = aot.run(c, progress=lambda s: None)
+  c.moment_dtype = 'bfloat16'
+  bf16, = aot.run(c, progress=lambda s: None)
+  assert bf16.state_bytes / fp32.state_bytes == pytest.approx(8 / 12, rel=0.01)
+  assert fp32.argument_bytes - bf16.argument_bytes == pytest.approx(
+      fp32.state_bytes - bf16.state_bytes, rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('heavy')
 def test_plan_weight_sync_and_a_bf16_sampler_inference_layout():
   # The sync reads the fp32 weights a device holds in the learner's layout
   # and writes the bf16 copy in the sampler's (no FSDP; experts over fsdp x
@@ -293,12 +310,15 @@ def test_nemotron_plan_is_the_preset_and_its_depth_and_buffer_override():
   assert len(cfg.pattern) == 52 and cfg.moe.ragged_buffer_factor == 2.0
   assert cfg.moe.num_experts == 128 and cfg.param_dtype == 'float32'
   c = plan_config.get_config('nemotron3_nano_30b_a3b_ep')
+  # The 8-chip config: bf16 moments, buffer 1.25 x, head 512 at a time.
+  assert (c.moment_dtype, c.model.overrides.moe.ragged_buffer_factor,
+          c.memory.logits_chunk) == ('bfloat16', 1.25, 512)
   c.model.overrides.pattern = 'MEMEM*E'
-  c.model.overrides.moe.ragged_buffer_factor = 1.25
+  c.model.overrides.moe.ragged_buffer_factor = 1.5
   short = aot.model_config(c)
   assert len(short.pattern) == 7     # stored as ME x 2 (scanned), then M*E
   assert short.layer_groups == (('ME', 2), ('M*E', 1))
-  assert short.moe.ragged_buffer_factor == 1.25
+  assert short.moe.ragged_buffer_factor == 1.5
   assert short.moe.top_k == cfg.moe.top_k and short.mamba == cfg.mamba
 
 
