@@ -49,6 +49,10 @@ def model_config(preset: str, overrides: Mapping[str, Any] | None = None
   return cfg
 
 
+# The dtypes Adam's moments may be stored in (`OptimConfig.moment_dtype`).
+MOMENT_DTYPES = ('float32', 'bfloat16')
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   lr: float = 2e-3
@@ -70,9 +74,6 @@ class OptimConfig:
     if self.moment_dtype not in MOMENT_DTYPES:
       raise ValueError(f'optim.moment_dtype: {self.moment_dtype!r} not in '
                        f'{MOMENT_DTYPES}')
-
-
-MOMENT_DTYPES = ('float32', 'bfloat16')
 
 
 def schedule(c: OptimConfig) -> optax.Schedule:
