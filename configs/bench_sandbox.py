@@ -16,9 +16,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.programs = 256
   c.workers = 0              # 0: one per CPU core
+  # How each sandbox process starts: 'fork' (forked from the fork server,
+  # the default), 'exec' (an interpreter of its own) or 'both', measured
+  # in alternating rounds.
+  c.start = 'both'
+  c.rounds = 3
   c.seed = 0
   if arg == 'quick':
     c.programs = 16
+    c.rounds = 1
   elif arg:
     raise ValueError(f'configs/bench_sandbox.py: unknown argument {arg!r}')
   return c

@@ -266,3 +266,38 @@ def test_a_transient_set_up_failure_is_not_kept_as_the_programs_verdict(
   assert not s.passed and s.details['status'] == 'sandbox_error', s
   (s,) = code.run_programs([rec], [prog2], sb)
   assert s.passed, s
+
+
+def test_fork_server_children_hold_no_descriptor_but_their_own(sb):
+  # Processes are forked from the fork server: nothing of it (its socket,
+  # its exit-report pipe) or of another job may reach a program.
+  r = sb.run_script('import os\nprint(sorted(os.listdir("/proc/self/fd")))\n')
+  assert r.status == 'ok', r
+  assert r.stdout == "['0', '1', '2', '3']\n", r.stdout   # 3: the listing's
+
+
+def test_fork_server_that_died_is_replaced(sb):
+  from cascade_jax.sandbox import _sandbox  # pylint: disable=g-import-not-at-top
+  assert sb.run_tests(ADD, TESTS, ['add']).passed
+  server = _sandbox._fork_server(sb._python)
+  server._proc.kill()
+  server._proc.wait()
+  assert sb.run_tests(ADD, TESTS, ['add']).passed
+  assert sb.run_script('raise SystemExit(4)').returncode == 4
+
+
+@pytest.mark.parametrize('fork_server', [True, False])
+def test_both_ways_of_starting_a_process_confine_it_alike(fork_server):
+  box = Sandbox(Limits(wall_seconds=8, cpu_seconds=4, memory_bytes=256 << 20,
+                       processes=16), fork_server=fork_server)
+  try:
+    assert box.run_tests(ADD, TESTS, ['add']).passed
+    assert not box.run_tests(ADD.replace('+', '-'), TESTS, ['add']).passed
+    r = box.run_script('import os, socket\nprint(os.getuid() != 0)\n'
+                       'socket.create_connection(("127.0.0.1", 22), 1)\n')
+    assert r.stdout == 'True\n' and r.status == 'error', r
+    assert 'OSError' in r.stderr or 'Network' in r.stderr, r.stderr
+    r = box.run_script('import os, signal\nos.kill(os.getpid(), 9)\n')
+    assert r.returncode == -9, r
+  finally:
+    box.close()

@@ -13,6 +13,14 @@ its sandbox uid, then plays one of three roles:
   result pipe, which the solution process does not hold.
 - `script`: executes the program and exits; stdout / stderr are captured.
 
+Each sandboxed process is forked from a fork server (`serve`: this file
+started once per trainer process, `python -I -S -c _boot.py serve SOCK
+STATUS`) instead of starting an interpreter of its own: the trainer sends
+a job's file descriptors over a Unix socket, the server forks, and the
+child runs `main` as an exec'd process would, from its control pipe on.
+The server never runs untrusted code and holds nothing but this file: a
+child confines itself after the fork exactly as it would after an exec.
+
 This file is executed as a script, so it must not import cascade_jax.
 """
 
@@ -149,7 +157,8 @@ def _end_as(status):
   if os.WIFSIGNALED(status):
     sig = os.WTERMSIG(status)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    signal.signal(sig, signal.SIG_DFL)
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these cannot be handled
+      signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
   os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)  # pylint: disable=protected-access
 
@@ -332,9 +341,82 @@ def role_script(job):
   exec(compile(job['program'], '<program>', 'exec'), ns)  # pylint: disable=exec-used
 
 
+# ------------------------------------------------------------ fork server
+
+
+def _reap(status_fd):
+  """Reports every ended child as (pid, wait status) on `status_fd`."""
+  while True:
+    try:
+      pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+      return
+    if not pid:
+      return
+    os.write(status_fd, struct.pack('>ii', pid, status))
+
+
+def serve(sock_fd, status_fd):
+  """The fork server's loop; returns only in a forked child.
+
+  A request is one message on the socket (a SOCK_SEQPACKET Unix socket)
+  carrying file descriptors: the job's control pipe, stdin, stdout,
+  stderr, the set-up pipe, then the job's own pipes. The server forks and
+  answers with the child's pid (in a process group of its own: the
+  trainer kills the group); every child's end is reported on `status_fd`
+  as (pid, wait status). The server ends when the trainer closes the
+  socket. In the child: stdio in place, every other descriptor closed,
+  signals as at start; returns (control fd, set-up fd, the job's fds).
+  """
+  import select        # pylint: disable=g-import-not-at-top
+  import socket        # pylint: disable=g-import-not-at-top
+  sock = socket.socket(fileno=sock_fd)
+  wake_r, wake_w = os.pipe()
+  os.set_blocking(wake_r, False)
+  os.set_blocking(wake_w, False)
+  signal.set_wakeup_fd(wake_w)
+  signal.signal(signal.SIGCHLD, lambda *_: None)
+  while True:
+    ready = select.select([sock, wake_r], [], [])[0]
+    if wake_r in ready:
+      try:
+        os.read(wake_r, 4096)
+      except BlockingIOError:
+        pass
+    _reap(status_fd)
+    if sock not in ready:
+      continue
+    msg, fds, _, _ = socket.recv_fds(sock, 16, 64)
+    if not msg:             # the trainer is gone
+      os._exit(0)  # pylint: disable=protected-access
+    pid = os.fork()
+    if pid == 0:
+      sock.detach()         # closed below by number, not again when freed
+      signal.set_wakeup_fd(-1)
+      signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+      os.setpgid(0, 0)
+      control, stdin, stdout, stderr, setup, *extra = fds
+      for i, fd in enumerate((stdin, stdout, stderr)):
+        os.dup2(fd, i)
+      _keep_only_fds(control, setup, *extra)
+      return control, setup, extra
+    try:
+      os.setpgid(pid, pid)  # the child does too: whichever runs first
+    except OSError:         # it has already ended
+      pass
+    for fd in fds:
+      os.close(fd)
+    sock.send(struct.pack('>i', pid))
+
+
 def main():
-  control = int(sys.argv[1])
-  job = recv(control)
+  if sys.argv[1] == 'serve':
+    control, setup_fd, fds = serve(int(sys.argv[2]), int(sys.argv[3]))
+    job = recv(control)
+    job.update(setup_fd=setup_fd, fds=fds)
+  else:
+    control = int(sys.argv[1])
+    job = recv(control)
   os.close(control)
   setup = job['setup_fd']
   try:

@@ -3,7 +3,9 @@
 What the sandbox guarantees when the trainer runs as root on Linux (as on
 these machines and in CI):
 
-- Each program runs in a fresh process, in new network, mount, IPC, UTS and
+- Each program runs in a fresh process (forked from a small fork server
+  that never runs untrusted code, or started as an interpreter of its own:
+  `Sandbox(fork_server=...)`), in new network, mount, IPC, UTS and
   PID namespaces: no network at all (not even loopback is up), every
   existing mount re-mounted read-only, a private size-capped tmpfs as its
   working directory and /tmp, which disappears with it; it sees only its
@@ -50,10 +52,12 @@ import queue
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 
@@ -82,10 +86,144 @@ class Limits:
 SANDBOX_ERROR = 'sandbox_error'
 
 
+class _Child:
+  """A process the fork server started: `pid` and `wait` as `Popen`'s."""
+
+  def __init__(self, server: '_ForkServer', pid: int, generation: int):
+    self.pid, self._server, self._generation = pid, server, generation
+    self.returncode = None
+
+  def wait(self, timeout: float | None = None) -> int:
+    if self.returncode is None:
+      self.returncode = self._server.wait(self.pid, self._generation, timeout)
+    return self.returncode
+
+
+class _ForkServer:
+  """Starts sandbox processes by forking a small interpreter (`_boot.serve`).
+
+  An interpreter's start (with the modules `_boot` imports) is about 18 ms
+  of CPU on a laptop core, two of them a verdict; a fork of the server is
+  well under one. One server per trainer process and interpreter, started
+  at first use; requests are serialised (a fork each), exits come back on
+  a pipe read by a thread. A server that died is replaced at the next
+  request; what it had started is then waited for no longer (`wait` says
+  killed).
+  """
+
+  def __init__(self, python: str):
+    self.python = python
+    self._lock = threading.Lock()       # one request at a time
+    self._cond = threading.Condition()  # exit codes
+    self._codes: dict[int, int] = {}
+    self._dead: set[int] = set()        # generations whose server ended
+    self._generation = 0
+    self._sock = self._proc = None
+
+  def _start(self):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status_r, status_w = os.pipe()
+    try:
+      proc = subprocess.Popen(
+          [self.python, '-I', '-S', '-c', _BOOT, 'serve',
+           str(theirs.fileno()), str(status_w)],
+          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+          pass_fds=(theirs.fileno(), status_w), env=_ENV,
+          start_new_session=True, close_fds=True)
+    except BaseException:
+      ours.close()
+      os.close(status_r)
+      raise
+    finally:
+      theirs.close()
+      os.close(status_w)
+    self._generation += 1
+    self._sock, self._proc = ours, proc
+    threading.Thread(target=self._read_exits,
+                     args=(status_r, self._generation, proc), daemon=True,
+                     name='sandbox-fork-server').start()
+
+  def _stop(self):
+    if self._sock is not None:
+      self._sock.close()
+    if self._proc is not None:
+      try:
+        self._proc.kill()
+      except OSError:
+        pass
+    self._sock = self._proc = None
+
+  def _read_exits(self, fd: int, generation: int, proc: subprocess.Popen):
+    buf = b''
+    while True:
+      chunk = os.read(fd, 4096)
+      if not chunk:
+        break
+      buf += chunk
+      done = len(buf) // 8 * 8
+      with self._cond:
+        for i in range(0, done, 8):
+          pid, status = struct.unpack('>ii', buf[i:i + 8])
+          self._codes[pid] = os.waitstatus_to_exitcode(status)
+        self._cond.notify_all()
+      buf = buf[done:]
+    os.close(fd)
+    proc.wait()
+    with self._cond:
+      self._dead.add(generation)
+      self._cond.notify_all()
+
+  def spawn(self, fds: Sequence[int]) -> _Child:
+    """Forks a child holding `fds` (control pipe, stdin, stdout, stderr,
+    set-up pipe, the job's pipes); a dead server is replaced, once."""
+    with self._lock:
+      for _ in range(2):
+        if self._proc is None or self._proc.poll() is not None:
+          self._stop()
+          self._start()
+        try:
+          socket.send_fds(self._sock, [b'j'], list(fds))
+          data = self._sock.recv(4)
+        except OSError:
+          data = b''
+        if len(data) == 4:
+          return _Child(self, struct.unpack('>i', data)[0], self._generation)
+        logging.warning('sandbox: the fork server ended; starting another')
+        self._stop()
+    raise RuntimeError('sandbox: the fork server could not start a process')
+
+  def wait(self, pid: int, generation: int, timeout: float | None) -> int:
+    """`pid`'s exit code (-N: signal N), as `Popen.wait`."""
+    end = None if timeout is None else time.monotonic() + timeout
+    with self._cond:
+      while pid not in self._codes:
+        if generation in self._dead:   # nobody left to report it
+          return -signal.SIGKILL
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+          raise subprocess.TimeoutExpired(f'sandbox process {pid}', timeout)
+        self._cond.wait(left)
+      return self._codes.pop(pid)
+
+
+_SERVERS: dict[tuple[int, str], _ForkServer] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def _fork_server(python: str) -> _ForkServer:
+  """This process's fork server for `python` (a forked trainer makes its
+  own: the parent's socket is the parent's)."""
+  with _SERVERS_LOCK:
+    key = (os.getpid(), python)
+    if key not in _SERVERS:
+      _SERVERS[key] = _ForkServer(python)
+    return _SERVERS[key]
+
+
 @dataclasses.dataclass
 class _Proc:
   """A started sandbox process: its set-up pipe says whether set-up failed."""
-  popen: subprocess.Popen
+  popen: subprocess.Popen | _Child
   uid: int
   workdir: str | None
   setup_r: int
@@ -188,8 +326,12 @@ class Sandbox:
 
   def __init__(self, limits: Limits = Limits(), *, workers: int | None = None,
                require_isolation: bool = True, namespaces: bool = True,
-               python: str | None = None):
+               python: str | None = None, fork_server: bool = True):
+    """`fork_server`: start each process by forking a fork server (about
+    20 ms less CPU per process) rather than as an interpreter of its own;
+    the confinement is the same."""
     self.limits = limits
+    self.fork_server = fork_server
     self.workers = min(workers or os.cpu_count() or 1, _MAX_SLOTS)
     self.require_isolation = require_isolation
     self.namespaces = namespaces
@@ -346,19 +488,34 @@ class Sandbox:
     ctl_r, ctl_w = os.pipe()
     setup_r, setup_w = os.pipe()
     os.set_blocking(setup_r, False)
-    job['setup_fd'] = setup_w
+    job['setup_fd'], job['fds'] = setup_w, list(fds)
+    devnull = None
     try:
-      popen = subprocess.Popen(
-          [self._python, '-I', '-S', '-c', _BOOT, str(ctl_r)],
-          stdin=stdin, stdout=stdout, stderr=stderr,
-          pass_fds=(ctl_r, setup_w, *fds), env=_ENV, start_new_session=True,
-          close_fds=True)
+      if self.fork_server:
+        std = []
+        for f in (stdin, stdout, stderr):
+          if f == subprocess.DEVNULL:
+            if devnull is None:
+              devnull = os.open(os.devnull, os.O_RDWR)
+            f = devnull
+          std.append(f if isinstance(f, int) else f.fileno())
+        popen = _fork_server(self._python).spawn(
+            [ctl_r, *std, setup_w, *fds])
+      else:
+        popen = subprocess.Popen(
+            [self._python, '-I', '-S', '-c', _BOOT, str(ctl_r)],
+            stdin=stdin, stdout=stdout, stderr=stderr,
+            pass_fds=(ctl_r, setup_w, *fds), env=_ENV,
+            start_new_session=True, close_fds=True)
     except BaseException:
       os.close(setup_r)
+      os.close(ctl_w)
       raise
     finally:
       os.close(ctl_r)
       os.close(setup_w)
+      if devnull is not None:
+        os.close(devnull)
     data = json.dumps(job).encode()
     try:
       with os.fdopen(ctl_w, 'wb') as f:
