@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       clip_eps_low=0.2, clip_eps_high=0.2, updates_per_batch=1, micro_batches=1,
       advantage_scale='std', dynamic_filtering=True, max_refill_rounds=2,
       overlong='penalty', routing_replay=True, mopd_reward_weight=0.0,
-      trim_bucket=0, capacity_headroom=0.25, sampler_dtype='float32',
+      trim_bucket=0, pack_width=0, capacity_headroom=0.25, sampler_dtype='float32',
       sampler_layout='inference', behaviour_correction='tis', tis_cap=2.0,
       verifier_reward='graded', max_staleness=0, rollout_worker='inline',
       rollout_cpus=''))

@@ -16,6 +16,7 @@ from cascade_jax import model
 from cascade_jax import rl
 from cascade_jax import rollout
 from cascade_jax import train
+from cascade_jax.rl import _batch as rl_batch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import rl as rl_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
@@ -125,6 +126,71 @@ def test_micro_batches_give_the_same_update(setup, kind):
       a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
       assert np.linalg.norm(a - b) <= 1e-6 * np.linalg.norm(b), (
           jax.tree_util.keystr(path), k)
+
+
+@pytest.mark.parametrize('kind', ['episodes', 'grpo'])
+def test_packed_update_equals_the_padded_one(setup, kind):
+  # rl.pack_width (the main job's episode stages): the rollouts packed
+  # into rows of several, the update equals the padded batch's (the same
+  # tokens, routing, advantages and token-level loss; float sums only),
+  # whole and in micro-batches, with a KL reference scored packed too.
+  tok, recs, agentic = setup
+  cfg, m = _policy(tok)
+  episodes = kind == 'episodes'
+  c = rl.RLConfig(prompts_per_step=4 if episodes else 8,
+                  rollouts_per_prompt=8 if episodes else 4,
+                  max_new_tokens=EC.max_new_tokens if episodes else 12,
+                  dynamic_filtering=False, overlong='none',
+                  kl_coef=0.0 if episodes else 0.05)
+  batch = _batch(kind, tok, recs, agentic, m, c)
+  width = 256 if episodes else 64
+  packed = rl_batch.pack(batch, width)
+  seg = batch.segment_ids != 0
+  w = packed.segment_ids.shape[1]
+  assert packed.num_rows < batch.num_rows and w % width == 0
+  assert w - width < seg.sum(1).max() <= w
+  # Every rollout's positions once, in order, each its own segment.
+  for i in range(batch.num_rows):
+    at = packed.source_row == i
+    assert at.sum() == seg[i].sum()
+    for k in ('inputs', 'targets', 'positions', 'mask', 'sampler_logp',
+              'kept', 'expert_idx'):
+      np.testing.assert_array_equal(getattr(packed, k)[at],
+                                    getattr(batch, k)[i][seg[i]], err_msg=k)
+    assert len(np.unique(packed.segment_ids[at])) == 1
+  assert ((packed.segment_ids != 0) == (packed.source_row < 32)).all()
+  opt = _optimizer()
+  reference = rl.freeze(m, copy=True) if c.kl_coef else None
+  out = {}
+  for key in ((0, 1), (width, 1), (width, 2)):
+    graph, state = train.init_state(_policy(tok)[1], opt)
+    learner = rl.Learner(graph, opt, dataclasses.replace(
+        c, pack_width=key[0], micro_batches=key[1]), reference=reference)
+    out[key] = learner.step(state, batch)
+  s0, m0 = out[0, 1]
+  assert m0['grad_norm'] > 0 and 'packed_rows' not in m0
+  for key in ((width, 1), (width, 2)):
+    sk, mk = out[key]
+    assert mk['packed_rows'] == packed.num_rows and 0 < mk['packed_fill'] <= 1
+    assert mk['sampler_mismatch_max'] <= 1e-5 and mk['dropped_learner'] == 0
+    for name in ('loss', 'grad_norm', 'token_count', 'entropy', 'kl',
+                 'response_length'):
+      np.testing.assert_allclose(mk[name], m0[name], rtol=1e-5, atol=1e-6,
+                                 err_msg=f'{name}, {key}')
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(sk.params),
+                            jax.tree.leaves(s0.params)):
+      a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+      assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), (
+          jax.tree_util.keystr(path), key)
+
+
+def test_packing_is_refused_where_the_loss_is_per_sequence():
+  with pytest.raises(ValueError, match='pack_width packs rollouts'):
+    rl.RLConfig(algorithm='mopd', pack_width=256)
+  with pytest.raises(ValueError, match='pack_width packs rollouts'):
+    rl.RLConfig(updates_per_batch=2, pack_width=256)
+  with pytest.raises(ValueError, match='pack_width must be >= 0'):
+    rl.RLConfig(pack_width=-1)
 
 
 def test_first_update_sizes_the_capacity_with_headroom(setup):

@@ -116,7 +116,8 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
 
   Args:
     logp: Float[Array, 'b t'] log pi(o_t) under the policy being trained.
-    advantages: Float[Array, 'b'].
+    advantages: Float[Array, 'b'], or Float[Array, 'b t'] per position (a
+      packed batch: several sequences a row).
     mask: Int[Array, 'b t'] 1 on response tokens.
     old_logp, ref_logp, sampler_logp: Float[Array, 'b t'] or None.
 
@@ -131,7 +132,8 @@ def grpo_loss(logp: Array, advantages: Array, mask: Array, *,
   (-2.0, 2.0)
   """
   logp = logp.astype(jnp.float32)
-  adv = advantages.astype(jnp.float32)[:, None]
+  adv = advantages.astype(jnp.float32)
+  adv = adv if adv.ndim == 2 else adv[:, None]   # per position, or per row
   old = jax.lax.stop_gradient(logp if old_logp is None else old_logp)
   ratio = jnp.exp(logp - old)
   clipped = jnp.clip(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)

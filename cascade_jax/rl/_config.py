@@ -59,6 +59,13 @@ class RLConfig:
   # (0: never). Each new width compiles the update once more: worth it for
   # long stages with a generous max_new_tokens, not for 30-step ones.
   trim_bucket: int = 0
+  # Pack the learner's rollouts into rows of this many positions, several
+  # a row (`rl.pack`; 0: a row each). Episode batches are mostly padding
+  # (multi-domain RL's were 35-54 % full, SWE-agent's 51-72 %): packed, the
+  # update runs over the tokens, and its row count takes few sizes (one
+  # compile each) where trimmed widths took many. GRPO with one update a
+  # batch (a token-level loss: where a token sits does not change it).
+  pack_width: int = 0
   # The MoE capacity of the stage's first update (the capacity path under
   # replayed routing, `model.exact_dispatch`) fits this much more load than
   # its batch needs. A run never lowers its capacity and its later batches'
@@ -185,6 +192,16 @@ class RLConfig:
                        f'batch\'s own load), got {self.capacity_headroom}')
     if not self.tis_cap >= 1.0:
       raise ValueError(f'rl.tis_cap must be >= 1, got {self.tis_cap}')
+    if self.pack_width < 0:
+      raise ValueError(f'rl.pack_width must be >= 0 (0: no packing), got '
+                       f'{self.pack_width}')
+    if self.pack_width and (self.algorithm != 'grpo' or
+                            self.updates_per_batch != 1):
+      raise ValueError(
+          'rl.pack_width packs rollouts of several groups into one row: it '
+          'needs GRPO (MOPD normalises per sequence and asks each row\'s '
+          f'teacher) with updates_per_batch=1 (got {self.algorithm!r}, '
+          f'{self.updates_per_batch}: minibatches split whole groups)')
     for k in ('updates_per_batch', 'micro_batches'):
       if getattr(self, k) < 1:
         raise ValueError(f'rl.{k} must be >= 1, got {getattr(self, k)}')

@@ -31,6 +31,7 @@ from cascade_jax import model as model_lib
 from cascade_jax import rollout
 from cascade_jax import sharding
 from cascade_jax import train
+from cascade_jax.rl import _batch
 from cascade_jax.rl._batch import RLBatch
 from cascade_jax.rl._config import RLConfig
 
@@ -332,6 +333,11 @@ def _max(xs):
   return jnp.max(jnp.stack(xs))
 
 
+@jax.jit
+def _per_position(values, source_row):
+  return jnp.take(values, source_row, axis=0, mode='fill', fill_value=0)
+
+
 @functools.partial(jax.jit, static_argnames=('group_size', 'scale'))
 def _advantages(rewards, *, group_size: int, scale: str):
   return losses.group_advantages(rewards, group_size, scale=scale)
@@ -381,10 +387,13 @@ class Learner:
     return 'none' if not dtypes else self.cfg.correction(max(
         dtypes, key=lambda d: d.itemsize))
 
-  def parts(self, rows: int) -> list[np.ndarray]:
+  def parts(self, rows: int, packed: bool = False) -> list[np.ndarray]:
     """Row indices of each micro-batch of each update (the MoE capacity
     must fit the largest)."""
     n, k = self.cfg.updates_per_batch, self.cfg.micro_batches
+    if packed:    # one update (RLConfig checks), rows of several groups
+      train.check_micro_batches(rows, k, what='packed batch')
+      return train.micro_batch_rows(rows, k)
     if rows % n or (rows // n) % self.cfg.rollouts_per_prompt:
       raise ValueError(
           f'rl.updates_per_batch={n} must split the {rows} rollouts into equal '
@@ -408,10 +417,13 @@ class Learner:
       m = check_on_policy(state.params, state.rest, self.put(batch),
                           graph=self.graph, cfg=cfg, moe=moe)
       return state, _floats(sharding.to_host(m))
+    length = float(batch.mask.sum(1).mean())
+    if cfg.pack_width:
+      batch = self.pack(batch)
     # The stage's first update sizes the capacity with headroom for the
     # batches to come (each new capacity compiles the update again).
     moe = exact_moe(mcfg, batch, min_capacity=self.capacity,
-                    parts=self.parts(batch.num_rows),
+                    parts=self.parts(batch.num_rows, batch.packed),
                     headroom=0.0 if self.capacity else cfg.capacity_headroom)
     self.capacity = max(self.capacity, dict(moe).get('moe_capacity', 0))
     dev, extra = self.prepare(batch)
@@ -421,8 +433,21 @@ class Learner:
     state, m = update(state, dev, graph=self.graph, opt=self.opt, cfg=cfg,
                       moe=moe, correction=self.correction(state))
     m = _floats(sharding.to_host(dict(m, **extra)))
+    if batch.packed:
+      m['packed_rows'] = batch.num_rows
+      m['packed_fill'] = float((np.asarray(batch.segment_ids) != 0).mean())
     return state, dict(m, moe_capacity=dict(moe).get('moe_capacity', 0),
-                       response_length=float(batch.mask.sum(1).mean()))
+                       response_length=length)
+
+  def pack(self, batch: RLBatch) -> RLBatch:
+    """`batch` packed into rows of `rl.pack_width` (`rl._batch.pack`), their
+    count a multiple of the devices and micro-batches the update splits
+    them over; the rewards (per rollout) must split likewise."""
+    multiple = self.rows_multiple * self.cfg.micro_batches
+    if batch.num_rows % multiple:
+      raise ValueError(f'rl.pack_width: {batch.num_rows} rollouts do not split '
+                       f'over {multiple} devices x micro-batches')
+    return _batch.pack(batch, self.cfg.pack_width, multiple)
 
   def prepare(self, batch: RLBatch) -> tuple[RLBatch, dict[str, jax.Array]]:
     """The host batch on the devices (one transfer) with what the update
@@ -433,9 +458,11 @@ class Learner:
     plans = (teacher_rows(batch.domains, self.teachers, self.rows_multiple)
              if self.teachers else {})
     dev, plans = self.put((batch, plans))
-    dev = dev.replace(advantages=_advantages(
-        dev.rewards, group_size=cfg.rollouts_per_prompt,
-        scale=cfg.advantage_scale))
+    adv = _advantages(dev.rewards, group_size=cfg.rollouts_per_prompt,
+                      scale=cfg.advantage_scale)
+    if dev.packed:   # per rollout -> per position (padding: 0)
+      adv = _per_position(adv, dev.source_row)
+    dev = dev.replace(advantages=adv)
     extra = {}
     fwd = {k: getattr(dev, k) for k in _FORWARD}
     if self.reference is not None:
