@@ -98,7 +98,7 @@ RL_STAGES = {
                             'multi_domain': {
                                 'kinds': sft_config.MULTI_DOMAIN_KINDS},
                             'tool_use': {'levels': (1, 2, 3)}}},
-                        30, 2e-4, dict(prompts_per_step=16, trim_bucket=32)),
+                        30, 2e-4, dict(prompts_per_step=16, pack_width=256)),
     # RLHF from MOPD: 15 steps. The reward model is over-optimised past
     # that: from one MOPD checkpoint (2026-12-01, rerun_stage, 256 prompts x
     # 2), preference +0.100 at 15 steps, +0.039 at 20, -0.227 at 30 (the
@@ -118,11 +118,12 @@ RL_STAGES = {
     # SWE's agentic half, after the agentless one (the recipe's order):
     # episodes of tool calls on a small repository, up to 5 turns of 72
     # tokens; the hidden tests run in the sandbox after `submit`.
-    # Episode stages trim the learner's batch to the longest episode (in
-    # buckets of 32 tokens) instead of the whole episode budget.
+    # Episode stages pack the learner's batch (rl.pack_width: the episode
+    # budget, several episodes a row) instead of a row per episode at the
+    # whole budget, mostly padding.
     'swe_agent_rl': ('swe_agent', (1, 2), {'split_by': 'prompt'}, 10, 2e-4,
                      dict(max_new_tokens=72, max_refill_rounds=1,
-                          trim_bucket=32)),
+                          pack_width=448)),
     # Math RL (Nemotron-Cascade 1's stage; not in Cascade 2's order, where
     # MOPD keeps math): --config.order=sft,...,math_rl, or rerun_stage.
     'math_rl': ('math', (1, 2, 3), {'split_by': 'prompt'}, 30, 2e-4,
