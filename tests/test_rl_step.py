@@ -171,7 +171,10 @@ def test_packed_update_equals_the_padded_one(setup, kind):
   assert m0['grad_norm'] > 0 and 'packed_rows' not in m0
   for key in ((width, 1), (width, 2)):
     sk, mk = out[key]
-    assert mk['packed_rows'] == packed.num_rows and 0 < mk['packed_fill'] <= 1
+    # The first batch sizes the rows with the capacity's headroom.
+    roomy = rl_batch.pack(batch, width, key[1], headroom=0.25).num_rows
+    assert mk['packed_rows'] == roomy > packed.num_rows, (roomy, key)
+    assert 0 < mk['packed_fill'] <= 1
     assert mk['sampler_mismatch_max'] <= 1e-5 and mk['dropped_learner'] == 0
     for name in ('loss', 'grad_norm', 'token_count', 'entropy', 'kl',
                  'response_length'):
@@ -182,6 +185,31 @@ def test_packed_update_equals_the_padded_one(setup, kind):
       a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
       assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), (
           jax.tree_util.keystr(path), key)
+
+
+def test_packed_rows_are_sized_once_and_never_lowered(setup):
+  # As the MoE capacity: each row count compiles the update once, so the
+  # stage's first batch sizes it with headroom, a later batch only raises
+  # it, and a resumed learner (rows restored from the checkpoint) keeps it.
+  tok, recs, agentic = setup
+  cfg, m = _policy(tok)
+  c = rl.RLConfig(prompts_per_step=8, rollouts_per_prompt=4,
+                  max_new_tokens=12, dynamic_filtering=False, overlong='none',
+                  pack_width=64)
+  batch = _batch('grpo', tok, recs, agentic, m, c)
+  need = rl_batch.pack(batch, 64).num_rows
+  opt = _optimizer()
+  graph, state = train.init_state(m, opt)
+  learner = rl.Learner(graph, opt, c)
+  state, m1 = learner.step(state, batch)
+  assert m1['packed_rows'] == learner.pack_rows > need
+  state, m2 = learner.step(state, batch)   # no headroom on top again
+  assert m2['packed_rows'] == m1['packed_rows']
+  resumed = rl.Learner(graph, opt, c, pack_rows=need)
+  state, m3 = resumed.step(state, batch)
+  assert m3['packed_rows'] == need
+  grown = rl.Learner(graph, opt, c, pack_rows=4 * need)
+  assert grown.step(state, batch)[1]['packed_rows'] == 4 * need
 
 
 def test_packing_is_refused_where_the_loss_is_per_sequence():

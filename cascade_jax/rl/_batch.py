@@ -133,7 +133,8 @@ def _quarter_grid(n: int) -> int:
   return -(-n // step) * step
 
 
-def pack(batch: RLBatch, width: int, rows_multiple: int = 1) -> RLBatch:
+def pack(batch: RLBatch, width: int, rows_multiple: int = 1, *,
+         min_rows: int = 0, headroom: float = 0.0) -> RLBatch:
   """The batch's rollouts packed into rows of `width` positions, several a row.
 
   A rollout's positions (its segment, `segment_ids` != 0: the prompt and
@@ -144,8 +145,11 @@ def pack(batch: RLBatch, width: int, rows_multiple: int = 1) -> RLBatch:
   a third that long, measured on the main job): packed, the learner's
   forward and backward run over the rollouts' tokens, not the budget. The
   row count is rounded up on a grid of quarter powers of two (one compile
-  per size) and to `rows_multiple`. A rollout longer than `width` widens
-  the rows to the next multiple of `width`.
+  per size) and to `rows_multiple`, after `headroom` (0.25: room for a
+  quarter more rows than this batch needs) and to at least `min_rows` (a
+  stage's learner never lowers its row count: each new one compiles the
+  update once more). A rollout longer than `width` widens the rows to the
+  next multiple of `width`.
 
   Per-rollout values stay per rollout (`rewards` [B]); `source_row` maps
   every position back, so the learner computes the group advantages per
@@ -175,7 +179,8 @@ def pack(batch: RLBatch, width: int, rows_multiple: int = 1) -> RLBatch:
       room.append(width)
     place[i] = r, width - room[r]
     room[r] -= n
-  rows = _quarter_grid(max(len(room), 1))
+  need = max(len(room), 1)
+  rows = max(_quarter_grid(int(np.ceil(need * (1.0 + headroom)))), min_rows)
   rows = -(-rows // rows_multiple) * rows_multiple
   arrays = batch.arrays()
   out = {}

@@ -72,7 +72,8 @@ class RLConfig:
   # loads drift upwards as the policy moves, so without headroom nearly
   # every stage compiled its update twice at one batch shape; each compile
   # of the main job's update costs 2-3 s on a laptop CPU. 0: exactly what
-  # the first batch needs.
+  # the first batch needs. A packed batch's row count (`pack_width`) is
+  # sized the same way, for the same reason.
   capacity_headroom: float = 0.25
   # Multi-turn domains (an environment per record; `max_new_tokens` is then
   # a reply's budget): turns, tokens of one observation, tokens of the

@@ -349,21 +349,23 @@ class Learner:
   Holds what a step needs besides the state: the model's graph, the
   optimizer, the stage's RLConfig, the frozen reference (KL) and MOPD
   teachers, how batches are placed (`put`, `train.Setup.put`) and the
-  largest MoE capacity used so far (`capacity`; a run checkpoints it, so a
-  resumed run computes with the shapes, and so the float sums, of an
-  uninterrupted one).
+  largest MoE capacity used so far (`capacity`) and, packing, the largest
+  row count (`pack_rows`); a run checkpoints both, so a resumed run
+  computes with the shapes, and so the float sums, of an uninterrupted
+  one.
   """
 
   def __init__(self, graph, opt, cfg: RLConfig, *,
                reference: Frozen | None = None,
                teachers: Mapping[str, Frozen] | None = None,
                put: Callable | None = None, rows_multiple: int = 1,
-               capacity: int = 0):
+               capacity: int = 0, pack_rows: int = 0):
     self.graph, self.opt, self.cfg = graph, opt, cfg
     self.reference, self.teachers = reference, dict(teachers or {})
     self._put = put
     self.rows_multiple = rows_multiple
     self.capacity = capacity
+    self.pack_rows = pack_rows
     self._model_cfg = None
     # Frozen models route with their own routers: a dropless path, fixed.
     self._frozen_moe = {name: exact_moe(f.cfg) for name, f in (
@@ -447,7 +449,13 @@ class Learner:
     if batch.num_rows % multiple:
       raise ValueError(f'rl.pack_width: {batch.num_rows} rollouts do not split '
                        f'over {multiple} devices x micro-batches')
-    return _batch.pack(batch, self.cfg.pack_width, multiple)
+    # As the capacity: the stage's first batch sizes the rows with
+    # headroom, later ones only raise them (each row count compiles).
+    out = _batch.pack(
+        batch, self.cfg.pack_width, multiple, min_rows=self.pack_rows,
+        headroom=0.0 if self.pack_rows else self.cfg.capacity_headroom)
+    self.pack_rows = out.num_rows
+    return out
 
   def prepare(self, batch: RLBatch) -> tuple[RLBatch, dict[str, jax.Array]]:
     """The host batch on the devices (one transfer) with what the update

@@ -206,14 +206,15 @@ def _rewards(config, setup, doms, rc: RLConfig) -> _Rewards:
 
 def _resume(setup, state, stream: PromptStream, learner: Learner):
   """(state, first step, queued rollouts): from the latest checkpoint, with
-  the prompt position, the learner's MoE capacity and the rollouts a
-  decoupled run had sampled ahead, or a fresh start."""
+  the prompt position, the learner's MoE capacity and packed row count and
+  the rollouts a decoupled run had sampled ahead, or a fresh start."""
   state, extra = setup.resume(state)
   if extra is None:
     return state, 0, []
   start = setup.ckpt.latest_step()  # RL steps
   stream.position = int(extra['prompt_position'])
   learner.capacity = int(extra.get('moe_capacity', 0))
+  learner.pack_rows = int(extra.get('pack_rows', 0))
   pending = (_decoupled.load_pending(setup.workdir, extra['pending_rollouts'])
              if extra.get('pending_rollouts') else [])
   print(f'[rl] resumed from step {start}' + (
@@ -228,7 +229,7 @@ def _save(setup, step: int, state, source, learner: Learner,
   already sampled (those of later steps saved beside it)."""
   pending = source.pending(step)
   extra = {'prompt_position': (pending[-1] if pending else last).position,
-           'moe_capacity': learner.capacity}
+           'moe_capacity': learner.capacity, 'pack_rows': learner.pack_rows}
   if pending and train.is_main_process():
     extra['pending_rollouts'] = _decoupled.save_pending(setup.workdir, step,
                                                         pending)
