@@ -40,13 +40,15 @@ def setup():
   return tok, recs, agentic
 
 
-def _policy(tok, seed=0):
+def _policy(tok, seed=0, preset='small'):
   """The main job's preset (capacity dispatch, sigmoid router, shared
   expert, expert bias), fp32, with a non-zero bias as after SFT's balancing,
   made to end replies after a few tokens (multi-turn episodes then take
   turns): every embedding gets a large shared component, which the output
-  head reads for <|im_end|> alone."""
-  cfg = model.small(vocab_size=tok.vocab_size)
+  head reads for <|im_end|> alone. `preset` 'small_hybrid': the hybrid
+  main job's model (Mamba-2 layers, pattern 'ME*E')."""
+  cfg = (model.small(vocab_size=tok.vocab_size) if preset == 'small' else
+         model.small_hybrid(vocab_size=tok.vocab_size, pattern='ME*E'))
   assert (cfg.moe.dispatch, cfg.dtype, cfg.moe.use_expert_bias) == (
       'capacity', 'float32', True)
   m = model.Transformer(cfg, rngs=nnx.Rngs(seed))
@@ -128,21 +130,24 @@ def test_micro_batches_give_the_same_update(setup, kind):
           jax.tree_util.keystr(path), k)
 
 
-@pytest.mark.parametrize('kind', ['episodes', 'grpo'])
+@pytest.mark.parametrize('kind', ['episodes', 'grpo', 'hybrid'])
 def test_packed_update_equals_the_padded_one(setup, kind):
   # rl.pack_width (the main job's episode stages): the rollouts packed
   # into rows of several, the update equals the padded batch's (the same
   # tokens, routing, advantages and token-level loss; float sums only),
-  # whole and in micro-batches, with a KL reference scored packed too.
+  # whole and in micro-batches, with a KL reference scored packed too; on
+  # the hybrid, the Mamba state restarts at every packed rollout.
   tok, recs, agentic = setup
-  cfg, m = _policy(tok)
+  preset = 'small_hybrid' if kind == 'hybrid' else 'small'
+  cfg, m = _policy(tok, preset=preset)
   episodes = kind == 'episodes'
   c = rl.RLConfig(prompts_per_step=4 if episodes else 8,
                   rollouts_per_prompt=8 if episodes else 4,
                   max_new_tokens=EC.max_new_tokens if episodes else 12,
                   dynamic_filtering=False, overlong='none',
                   kl_coef=0.0 if episodes else 0.05)
-  batch = _batch(kind, tok, recs, agentic, m, c)
+  batch = _batch('grpo' if kind == 'hybrid' else kind, tok, recs, agentic,
+                 m, c)
   width = 256 if episodes else 64
   packed = rl_batch.pack(batch, width)
   seg = batch.segment_ids != 0
@@ -163,7 +168,7 @@ def test_packed_update_equals_the_padded_one(setup, kind):
   reference = rl.freeze(m, copy=True) if c.kl_coef else None
   out = {}
   for key in ((0, 1), (width, 1), (width, 2)):
-    graph, state = train.init_state(_policy(tok)[1], opt)
+    graph, state = train.init_state(_policy(tok, preset=preset)[1], opt)
     learner = rl.Learner(graph, opt, dataclasses.replace(
         c, pack_width=key[0], micro_batches=key[1]), reference=reference)
     out[key] = learner.step(state, batch)
@@ -203,13 +208,16 @@ def test_packed_rows_are_sized_once_and_never_lowered(setup):
   learner = rl.Learner(graph, opt, c)
   state, m1 = learner.step(state, batch)
   assert m1['packed_rows'] == learner.pack_rows > need
-  state, m2 = learner.step(state, batch)   # no headroom on top again
-  assert m2['packed_rows'] == m1['packed_rows']
-  resumed = rl.Learner(graph, opt, c, pack_rows=need)
-  state, m3 = resumed.step(state, batch)
-  assert m3['packed_rows'] == need
-  grown = rl.Learner(graph, opt, c, pack_rows=4 * need)
-  assert grown.step(state, batch)[1]['packed_rows'] == 4 * need
+  # Later batches: no headroom on top again, and never fewer rows (the
+  # packing alone, without another update).
+  assert learner.pack(batch).num_rows == m1['packed_rows']
+  assert learner.pack(batch.replace(segment_ids=np.where(
+      np.arange(batch.mask.shape[1]) < 8, 0, batch.segment_ids))
+                      ).num_rows == m1['packed_rows']
+  assert rl.Learner(graph, opt, c, pack_rows=need).pack(
+      batch).num_rows == need                      # resumed: restored rows
+  assert rl.Learner(graph, opt, c, pack_rows=4 * need).pack(
+      batch).num_rows == 4 * need
 
 
 def test_packing_is_refused_where_the_loss_is_per_sequence():
