@@ -110,7 +110,7 @@ RL_STAGES = {
                         {'kinds': sft_config.LONG_CONTEXT_KINDS}, 30, 2e-4,
                         dict(max_new_tokens=16)),
     # Code and SWE run every rollout in the sandbox (~40 programs/s on two
-    # cores when this was chosen; 63 since the fork server, docs/DATA.md):
+    # cores when this was chosen; ~56 since the fork server, docs/DATA.md):
     # groups of 4, fewer steps, one refill round.
     'code_rl': ('code', (1, 2, 3), {'split_by': 'prompt'}, 10, 2e-4,
                 dict(top_p=0.95, rollouts_per_prompt=4, max_refill_rounds=1)),
