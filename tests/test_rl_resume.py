@@ -33,6 +33,10 @@ def _command(workdir, sft_dir, algorithm):
   if algorithm == 'mopd':
     cmd += ['--config.rl.algorithm=mopd', f'--config.teachers.math={sft_dir}',
             '--config.rl.dynamic_filtering=False']
+  if algorithm == 'packed':      # GRPO, rollouts packed several a row
+    # (no filtering: the quick SFT's rollouts all score 0, and a filtered
+    # batch takes no update, so nothing would be packed)
+    cmd += ['--config.rl.pack_width=64', '--config.rl.dynamic_filtering=False']
   if algorithm == 'decoupled':   # GRPO from a sampler process, 1 step ahead
     cmd += ['--config.rl.max_staleness=1', '--config.rl.rollout_worker=process']
   return cmd
@@ -69,7 +73,7 @@ def _final_state(workdir, sft_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('algorithm', ['grpo', 'mopd', 'decoupled'])
+@pytest.mark.parametrize('algorithm', ['grpo', 'mopd', 'decoupled', 'packed'])
 def test_a_killed_rl_stage_resumes_bit_identically(sft_dir, tmp_path,
                                                    algorithm):
   whole, cut = str(tmp_path / 'whole'), str(tmp_path / 'cut')
@@ -109,6 +113,8 @@ def test_a_killed_rl_stage_resumes_bit_identically(sft_dir, tmp_path,
   step_c, state_c, extra_c = _final_state(cut, sft_dir)
   assert step_w == step_c == 6
   assert extra_w == extra_c and extra_c['prompt_position'] > 0
+  # A packed run restores its row count (the update's shape) as well.
+  assert (extra_c['pack_rows'] > 0) == (algorithm == 'packed')
   # Parameters, optimizer state (moments and count) and step: bit-equal.
   for a, b in zip(jax.tree.leaves(state_w), jax.tree.leaves(state_c),
                   strict=True):
