@@ -27,6 +27,7 @@ from cascade_jax.model._dispatch import flat_mlp
 from cascade_jax.model._dispatch import expert_forward
 from cascade_jax.model._dispatch import overflow_chunks
 from cascade_jax.model._dispatch import receive_rows
+from cascade_jax.model._dispatch import quarter_power_ceil
 from cascade_jax.model._dispatch import replay_capacity
 from cascade_jax.model._layers import activation
 from cascade_jax.model._layers import is_gated

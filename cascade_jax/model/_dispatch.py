@@ -373,6 +373,14 @@ def dropless(x_nd, idx_nk, w_nk, ws, act, num_experts, cap, expert_axes,
   return y, jnp.ones(idx_nk.shape, bool), worst > cap
 
 
+def quarter_power_ceil(n: int) -> int:
+  """`n` rounded up to a quarter of its power of two (2^j + i 2^(j-2): ...,
+  32, 40, 48, 56, 64, 80, ...): a few distinct sizes (each a compile where
+  it is a shape), at most 25 % above `n`."""
+  q = 2 ** max(int(n).bit_length() - 3, 0)
+  return int(-(-n // q) * q)
+
+
 def replay_capacity(expert_idx_btlk, valid_bt, num_experts: int, *,
                     headroom: float = 0.0) -> int:
   """Capacity (slots per expert) that drops nothing under a replayed routing.
@@ -398,9 +406,7 @@ def replay_capacity(expert_idx_btlk, valid_bt, num_experts: int, *,
   layer = np.broadcast_to(np.arange(e.shape[2])[None, None, :, None], e.shape)
   load = np.bincount((layer * num_experts + e)[valid],
                      minlength=e.shape[2] * num_experts).max()
-  load = int(np.ceil(load * (1.0 + headroom)))
-  q = 2 ** max(int(load).bit_length() - 3, 0)
-  return int(-(-load // q) * q)
+  return quarter_power_ceil(int(np.ceil(load * (1.0 + headroom))))
 
 
 # `dropless`'s blocks: twice the mean load per expert, unless given more.

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from cascade_jax import model
 from cascade_jax import rollout
 
 _ROW_FIELDS = ('rewards', 'advantages')     # [B]; every other array is [B, T, ...]
@@ -124,15 +125,6 @@ def concatenate(batches: Sequence[RLBatch]) -> RLBatch:
       d for b in batches for d in b.domains))
 
 
-def _quarter_grid(n: int) -> int:
-  """`n` rounded up to a quarter of its power of two (32, 40, 48, 56, 64,
-  80, ...): few distinct sizes, at most 25 % more than `n`."""
-  if n <= 4:
-    return max(n, 1)
-  step = 1 << ((n - 1).bit_length() - 3)
-  return -(-n // step) * step
-
-
 def pack(batch: RLBatch, width: int, rows_multiple: int = 1, *,
          min_rows: int = 0, headroom: float = 0.0) -> RLBatch:
   """The batch's rollouts packed into rows of `width` positions, several a row.
@@ -159,7 +151,7 @@ def pack(batch: RLBatch, width: int, rows_multiple: int = 1, *,
   if batch.packed:
     raise ValueError('pack: the batch is packed already')
   seg = np.asarray(batch.segment_ids) != 0
-  b, t = seg.shape
+  b = seg.shape[0]
   first = np.where(seg.any(1), seg.argmax(1), 0)
   length = seg.sum(1)
   gaps = [i for i in range(b) if length[i] and
@@ -180,14 +172,13 @@ def pack(batch: RLBatch, width: int, rows_multiple: int = 1, *,
     place[i] = r, width - room[r]
     room[r] -= n
   need = max(len(room), 1)
-  rows = max(_quarter_grid(int(np.ceil(need * (1.0 + headroom)))), min_rows)
+  rows = max(model.quarter_power_ceil(int(np.ceil(need * (1.0 + headroom)))),
+             min_rows)
   rows = -(-rows // rows_multiple) * rows_multiple
-  arrays = batch.arrays()
+  arrays = {k: np.asarray(v) for k, v in batch.arrays().items()
+            if k not in _ROW_FIELDS}
   out = {}
   for k, v in arrays.items():
-    if k in _ROW_FIELDS:
-      continue
-    v = np.asarray(v)
     fill = v.max(initial=1) if k == 'kept' else 0
     out[k] = np.full((rows, width, *v.shape[2:]), fill, v.dtype)
   source = np.full((rows, width), b, np.int32)
@@ -199,7 +190,7 @@ def pack(batch: RLBatch, width: int, rows_multiple: int = 1, *,
     r, o = place[i]
     src = slice(first[i], first[i] + n)
     for k in out:
-      out[k][r, o:o + n] = np.asarray(arrays[k])[i, src]
+      out[k][r, o:o + n] = arrays[k][i, src]
     out['segment_ids'][r, o:o + n] = next_id[r]
     next_id[r] += 1
     source[r, o:o + n] = i
