@@ -418,11 +418,11 @@ class Sandbox:
     procs = []
     try:
       procs.append(self._spawn(
-          dict(role='solution', program=program, fds=[req_r, resp_w]),
+          dict(role='solution', program=program),
           sol_uid, (req_r, resp_w)))
       procs.append(self._spawn(
           dict(role='judge', tests=tests, setup=setup,
-               entry_points=entry_points, fds=[req_w, resp_r, res_w]),
+               entry_points=entry_points),
           judge_uid, (req_w, resp_r, res_w)))
       for fd in (req_r, req_w, resp_r, resp_w, res_w):
         os.close(fd)
@@ -488,6 +488,7 @@ class Sandbox:
     ctl_r, ctl_w = os.pipe()
     setup_r, setup_w = os.pipe()
     os.set_blocking(setup_r, False)
+    # `fds`: the job's pipes, in the order its role reads them.
     job['setup_fd'], job['fds'] = setup_w, list(fds)
     devnull = None
     try:
