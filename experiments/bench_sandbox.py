@@ -59,5 +59,6 @@ def main(argv):
   for box in boxes.values():
     box.close()
 
+
 if __name__ == '__main__':
   app.run(main)
