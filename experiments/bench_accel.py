@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from cascade_jax import model as model_lib
 from cascade_jax import ops
+from cascade_jax import rl
 from cascade_jax import rollout
 from cascade_jax import utils
 from experiments import moe_benchmarks
@@ -101,13 +102,72 @@ def train_rows(c) -> list[list]:
            f'{float(val):.3f}']]
 
 
-def decode_rows(c) -> list[list]:
+def _learner_and_sync(cfg: model_lib.ModelConfig, dtype: str):
+  """The learner's fp32 master weights (graph, params, rest), the sampler's
+  graph in `dtype` and the weight sync to it (`rl.sync_fn`)."""
+  graph, params, rest = nnx.split(model_lib.Transformer(cfg, rngs=nnx.Rngs(0)),
+                                  nnx.Param, ...)
+  sgraph, sparams, srest = rl.sampler_state(cfg, dtype, None)
+  sync = rl.sync_fn(jax.tree.map(
+      lambda t: jax.ShapeDtypeStruct(t.shape, t.dtype), (sparams, srest)))
+  return graph, params, rest, sgraph, sync
+
+
+def mismatch_rows(c) -> list[list]:
+  """The learner (fp32 master weights, its kernels: cuDNN attention over the
+  sequence, the grouped matmul) scoring tokens the sampler drew from its
+  `c.dtype` copy (its kernels: attention over the cache), routing replayed,
+  temperature 1: the gap `rl.correction` corrects, as the RL step logs it
+  (`rl.check_on_policy`)."""
   cfg = _model_cfg(c)
-  m = model_lib.Transformer(cfg, rngs=nnx.Rngs(0))
-  counts = model_lib.count_params(cfg)
-  w_bytes = counts.total * jnp.dtype(cfg.dtype).itemsize
+  graph, params, rest, sgraph, sync = _learner_and_sync(cfg, c.dtype)
+  sampler = nnx.merge(sgraph, *sync((params, rest)))
+  bsz, p, n = (c.decode.batch_sizes[0], c.decode.prompt_len,
+               c.decode.new_tokens[1])
+  rng = np.random.RandomState(1)
+  prompt_bp, lens = rollout.pad_prompts(
+      rng.randint(1, cfg.vocab_size, (bsz, p)).tolist(), p, 0)
+  rc = rl.RLConfig(max_new_tokens=n, temperature=1.0)
+  ro = rollout.generate_padded(sampler, prompt_bp, lens, cfg=rc.sample_config,
+                               stop_ids=-1, key=jax.random.key(0),
+                               record_experts=True)
+  batch = rl.from_rollout(prompt_bp, lens, ro, np.zeros(bsz, np.float32))
+  out = {}
+  narrow = f'{c.dtype} sampler'
+  for name, g, pr, rs in ((narrow, graph, params, rest),
+                          ('same weights', sgraph, *sync((params, rest)))):
+    m = rl.check_on_policy(pr, rs, batch, graph=g, cfg=rc,
+                           moe=rl.exact_moe(cfg, batch))
+    out[name] = {k: float(v) for k, v in m.items()}
+  tokens = int(np.asarray(batch.mask).sum())
+  return [[f'learner vs sampler |d logp|, {what}: mean', out[what][
+      'sampler_mismatch_mean'], '', f"max {out[what]['sampler_mismatch_max']:.3g}"
+           f', {tokens:,} tokens, batch {bsz}, dropped '
+           f"{out[what]['dropped_learner']:.3g}"]
+          for what in (narrow, 'same weights')]
+
+
+def decode_rows(c) -> list[list]:
+  """The sampler as RL runs it at scale (`rl.sampler_dtype='bfloat16'`):
+  the fp32 master weights narrowed by the weight sync (timed), then decoding
+  from that copy."""
+  cfg = _model_cfg(c)
+  _, params, rest, sgraph, sync = _learner_and_sync(cfg, c.dtype)
+  copy = jax.block_until_ready(sync((params, rest)))  # compile
+  ts = []
+  for _ in range(c.repeats):
+    t0 = time.perf_counter()
+    copy = jax.block_until_ready(sync((params, rest)))
+    ts.append(time.perf_counter() - t0)
+  sync_s = float(np.median(ts))
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
+  moved = nbytes((params, rest)) + nbytes(copy)
+  m = nnx.merge(sgraph, *copy)
+  w_bytes = nbytes(copy[0])
+  rows = [[f'weight sync fp32 -> {c.dtype} (ms)', sync_s * 1e3, '',
+           f'{moved / sync_s / 1e9:,.0f} GB/s read + written, '
+           f'{moved / 1e9:.2f} GB']]
   n_attn = cfg.pattern.count('*')
-  rows = []
   rng = np.random.RandomState(0)
   short, long = c.decode.new_tokens
   for bsz in c.decode.batch_sizes:
@@ -146,24 +206,43 @@ def main(argv):
   dev = jax.devices()[0]
   print(f'device: {dev.device_kind} ({jax.default_backend()}), jax '
         f'{jax.__version__}, {c.dtype}; {time.strftime("%Y-%m-%d")}', flush=True)
-  rows = []
+  rows, failed = [], []
+  header = ['metric', 'value', 'target', 'detail']
+
+  def save():
+    if _WORKDIR.value:
+      utils.write_results(_WORKDIR.value, c, dict(
+          device=dev.device_kind, backend=jax.default_backend(),
+          jax=jax.__version__, ops=ops.selected(), failed=failed,
+          rows=[dict(zip(header, r)) for r in rows]))
+
+  # Each part's rows are printed and saved as it ends, and a part that
+  # fails is recorded and the next one runs: one lease gives what it can.
   for name, fn in (('MoE layer', moe_rows), ('train step', train_rows),
-                   ('decode', decode_rows)):
+                   ('decode', decode_rows), ('mismatch', mismatch_rows)):
     t0 = time.perf_counter()
-    rows += fn(c)
+    try:
+      part = fn(c)
+    except Exception as e:  # pylint: disable=broad-except
+      failed.append(dict(part=name, error=f'{type(e).__name__}: {e}'))
+      print(f'[bench_accel] {name} FAILED after '
+            f'{time.perf_counter() - t0:.0f}s: {type(e).__name__}: '
+            f'{str(e)[:2000]}', flush=True)
+      save()
+      continue
+    rows += part
     print(f'[bench_accel] {name} done in {time.perf_counter() - t0:.0f}s',
           flush=True)
+    print(utils.format_table(header, part), flush=True)
+    save()
   print('\nops picked:')
   for op, picks in ops.selected().items():
     print(f'  {op}: {", ".join(picks)}')
   print()
-  print(utils.format_table(['metric', 'value', 'target', 'detail'], rows))
-  if _WORKDIR.value:
-    utils.write_results(_WORKDIR.value, c, dict(
-        device=dev.device_kind, backend=jax.default_backend(),
-        jax=jax.__version__, ops=ops.selected(),
-        rows=[dict(zip(['metric', 'value', 'target', 'detail'], r))
-              for r in rows]))
+  print(utils.format_table(header, rows))
+  if failed:
+    raise SystemExit(f'bench_accel: {len(failed)} part(s) failed: '
+                     f'{[f["part"] for f in failed]}')
 
 
 if __name__ == '__main__':

@@ -68,7 +68,11 @@ def test_bench_accel_quick_runs_every_part_on_cpu(tmp_path):
   assert any(m.startswith('MoE layer fwd+bwd, ragged') for m in metrics)
   assert any(m.startswith('train step MFU') for m in metrics)
   assert sum(m.startswith('decode batch 2') for m in metrics) == 2
-  assert all(row['value'] > 0 for row in res['rows'])
+  assert any(m.startswith('weight sync') for m in metrics)
+  gaps = [r for r in res['rows'] if r['metric'].startswith('learner vs sampler')]
+  assert len(gaps) == 2 and all(0 <= r['value'] < 1e-5 for r in gaps)  # fp32
+  assert res['failed'] == []
+  assert all(row['value'] > 0 for row in res['rows'] if row not in gaps)
   assert res['ops']['grouped_matmul'] == ['xla (cpu, float32)']
   assert 'metric' in r.stdout and 'ops picked' in r.stdout
 

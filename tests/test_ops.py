@@ -427,3 +427,65 @@ def test_gpu_ragged_moe_equals_dense(dtype, tol):
                              np.asarray(gx0, np.float32), atol=tol, rtol=tol)
   chex.assert_trees_all_close(nnx.state(gm1, nnx.Param),
                               nnx.state(gm0, nnx.Param), atol=tol, rtol=tol)
+
+
+def _gpu_preset(name: str) -> model.ModelConfig:
+  """A 30B preset's own flags (dispatch, routing, activations, dtypes), at a
+  size a GPU test compiles in seconds."""
+  small = dict(vocab_size=1024, embed_dim=256, num_heads=4, num_kv_heads=2,
+               head_dim=64)
+  if name == 'qwen3':
+    return model.qwen3_30b_a3b(pattern='*E' * 2, **small).replace_moe(
+        num_experts=16, top_k=4, expert_dim=128)
+  return model.nemotron3_nano_30b_a3b(pattern='MEM*E', **small).replace_moe(
+      num_experts=16, top_k=4, expert_dim=128,
+      shared_expert_dim=256).replace_mamba(num_heads=8, head_dim=32,
+                                           state_dim=64, num_groups=2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize('preset', ['qwen3', 'nemotron'])
+def test_gpu_strict_learner_step_at_an_rl_length(preset):
+  """The learner's forward and backward at an RL length (prompt 128 +
+  response 256 - 1 = 383, two packed rollouts a row and padding), strict:
+  every op takes its fused kernel (an error otherwise) and the loss and
+  gradient equal the XLA reference's."""
+  cfg = _gpu_preset(preset)
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  b, t = 4, 383
+  rng = np.random.RandomState(0)
+  toks = jnp.asarray(rng.randint(1, cfg.vocab_size, (b, t + 1)), jnp.int32)
+  seg = np.ones((b, t + 1), np.int32)
+  seg[:, 200:] = 2
+  seg[1, 350:] = 0                                    # padding
+  pos = np.zeros_like(seg)
+  for r in range(b):
+    for s_id in set(seg[r]) - {0}:
+      idx = np.where(seg[r] == s_id)[0]
+      pos[r, idx] = np.arange(len(idx))
+  seg, pos = jnp.asarray(seg), jnp.asarray(pos)
+  real = (seg[:, 1:] != 0) & (seg[:, 1:] == seg[:, :-1])
+
+  def loss(m):
+    logits, info = m(toks[:, :-1], positions_bt=pos[:, :-1],
+                     segment_ids_bt=seg[:, :-1])
+    lp = ops.token_logprobs(logits, toks[:, 1:])
+    return -jnp.sum(jnp.where(real, lp, 0)) / jnp.sum(real)
+
+  step = lambda: nnx.jit(nnx.value_and_grad(loss))(m)
+  ops.reset_selected()
+  with ops.strict_mode():
+    l_fast, g_fast = step()
+  picked = ops.selected()
+  assert picked['attention'] == ['cudnn (gpu, bfloat16)'], picked
+  assert picked['grouped_matmul'] == ['tokamax (gpu, bfloat16)'], picked
+  with ops.forced(attention='xla', grouped_matmul='xla'):
+    l_ref, g_ref = step()
+  np.testing.assert_allclose(float(l_fast), float(l_ref), rtol=2e-2)
+  flat = lambda g: np.concatenate([np.asarray(x, np.float32).ravel() for x in
+                                   jax.tree.leaves(nnx.state(g, nnx.Param))])
+  a, r = flat(g_fast), flat(g_ref)
+  cos = float(a @ r / (np.linalg.norm(a) * np.linalg.norm(r)))
+  assert cos > 0.99, cos
+  assert abs(np.linalg.norm(a) / np.linalg.norm(r) - 1) < 0.05
