@@ -24,6 +24,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.peak_tflops = 989.0           # H200 SXM dense bf16
   c.hbm_tb_s = 4.8                # H200 HBM3e
   c.repeats = 5
+  # Which parts run, comma-separated (a short lease reruns one).
+  c.parts = 'moe,train,decode,mismatch'
   c.moe = ml_collections.ConfigDict(dict(
       tokens=16384, embed_dim=2048, expert_dim=768, num_experts=128, top_k=8,
       activation='swiglu', capacity_factor=1.25,

@@ -218,8 +218,14 @@ def main(argv):
 
   # Each part's rows are printed and saved as it ends, and a part that
   # fails is recorded and the next one runs: one lease gives what it can.
-  for name, fn in (('MoE layer', moe_rows), ('train step', train_rows),
-                   ('decode', decode_rows), ('mismatch', mismatch_rows)):
+  parts = dict(moe=('MoE layer', moe_rows), train=('train step', train_rows),
+               decode=('decode', decode_rows),
+               mismatch=('mismatch', mismatch_rows))
+  wanted = [p.strip() for p in c.parts.split(',') if p.strip()]
+  if unknown := set(wanted) - set(parts):
+    raise ValueError(f'bench_accel: parts {sorted(unknown)} unknown (known: '
+                     f'{list(parts)})')
+  for name, fn in (parts[p] for p in wanted):
     t0 = time.perf_counter()
     try:
       part = fn(c)

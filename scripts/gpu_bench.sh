@@ -5,6 +5,7 @@
 #   1. the `gpu` tests: each op's fused kernels equal the reference, bf16 + fp32
 #   2. experiments.bench_accel at full size: MoE layer vs ideal, train-step
 #      MFU, decode tokens/s and HBM fraction, as one table
+# BENCH_PARTS=mismatch (say) runs only those parts of the benchmark.
 # Results: $OUT (the device tool's folder) or runs/gpu_bench. A dry run on CPU:
 #   SKIP_WHEELS=1 JAX_PLATFORMS=cpu BENCH_CONFIG=configs/bench_accel.py:quick \
 #     PYTHON=.venv/bin/python bash scripts/gpu_bench.sh
@@ -44,6 +45,7 @@ timeout ${TEST_TIMEOUT:-240} $PY -m pytest -q -m gpu tests/test_ops.py \
 echo "[gpu_bench] tests: ${SECONDS}s" | tee -a "$out/gpu.txt"
 SECONDS=0
 timeout ${BENCH_TIMEOUT:-300} $PY -m experiments.bench_accel \
-  --config="${BENCH_CONFIG:-configs/bench_accel.py}" --workdir="$out" 2>&1 \
+  --config="${BENCH_CONFIG:-configs/bench_accel.py}" --workdir="$out" \
+  ${BENCH_PARTS:+--config.parts=$BENCH_PARTS} 2>&1 \
   | tee "$out/bench.log"
 echo "[gpu_bench] bench: ${SECONDS}s" | tee -a "$out/gpu.txt"

@@ -368,6 +368,33 @@ def test_calibration_times_the_samplers_step_with_each_subset(monkeypatch):
   assert ops.selected() == {}
 
 
+def test_fused_kernels_get_lengths_padded_to_their_block():
+  # cuDNN refuses odd masked lengths in training (seen on an H200): the GPU
+  # kernels run on T, S padded to FUSED_BLOCK. Through the reference kernel,
+  # the padded call equals the unpadded one, values and gradients.
+  q, k, v, seg, pos = _packed(b=2, t=23, n=4, k=2, h=16)
+  mask = _attention.attention_mask(pos, seg, pos, seg)
+  seen = []
+
+  def kernel(q, k, v, m, scale):
+    seen.append((q.shape[1], k.shape[1], m.shape))
+    return _attention._xla(q, k, v, m, scale)
+
+  def run(pad):
+    def loss(q, k, v):
+      out = (_attention._padded(kernel, q, k, v, mask, 0.25, block=16) if pad
+             else _attention._xla(q, k, v, mask, 0.25))
+      return jnp.sum(jnp.where((seg != 0)[:, :, None, None], out, 0) ** 2), out
+    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  (_, got), g_got = run(True)
+  (_, ref), g_ref = run(False)
+  assert seen == [(32, 32, (2, 32, 32))] and got.shape == ref.shape
+  real = np.asarray(seg) != 0
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(ref)[real],
+                             atol=1e-6)
+  chex.assert_trees_all_close(g_got, g_ref, atol=1e-5, rtol=1e-5)
+
+
 # --- on a GPU ----------------------------------------------------------------
 
 

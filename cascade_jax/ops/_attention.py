@@ -13,7 +13,8 @@
   segment, GQA by the multi-query kernel per kv head. Its blocks are 128
   long: other lengths (a learner's prompt + response - 1) are padded to
   them with segment id 0, which no real query sees, and cut back.
-On GPU 'auto' takes cuDNN, then tokamax; on TPU splash, then tokamax; XLA
+On GPU 'auto' takes cuDNN, then tokamax (both on lengths padded to
+`FUSED_BLOCK`: cuDNN refuses odd ones); on TPU splash, then tokamax; XLA
 otherwise. All equal the reference on every position that sees a key (a
 padding query, which sees none, is undefined: each implementation fills it
 differently and nothing reads it).
@@ -108,6 +109,26 @@ def tokamax_module():
 def _tokamax(q, k, v, mask_bts, scale):
   return tokamax_module().dot_product_attention(q, k, v, mask=mask_bts[:, None],
                                                 scale=scale)
+
+
+# cuDNN's fused attention refuses a masked training call whose lengths are
+# odd ("Unsupported sequence length Q 383, KV 383", H200, jax 0.11.2), which
+# every learner length prompt + response - 1 can be: the GPU kernels get
+# lengths padded to this block (masked keys, queries cut after).
+FUSED_BLOCK = 128
+
+
+def _padded(kernel, q, k, v, mask_bts, scale, block: int = FUSED_BLOCK):
+  """`kernel(q, k, v, mask, scale)` with T and S padded to `block`: padded
+  keys are masked for every query, padded queries (which see nothing) are
+  cut from the result."""
+  t, s = q.shape[1], k.shape[1]
+  pt, ps = -t % block, -s % block
+  if pt or ps:
+    along = lambda x, n: jnp.pad(x, [(0, 0), (0, n)] + [(0, 0)] * (x.ndim - 2))
+    q, k, v = along(q, pt), along(k, ps), along(v, ps)
+    mask_bts = jnp.pad(mask_bts, [(0, 0), (0, pt), (0, ps)])
+  return kernel(q, k, v, mask_bts, scale)[:, :t]
 
 
 SPLASH_BLOCK = 128
@@ -226,7 +247,7 @@ def attention(q_btnh, k_bskh, v_bskh, *, scale: float,
     args = (q_btnh, k_bskh, v_bskh, segment_ids[0], segment_ids[1])
   else:
     kernel = _cudnn if name == 'cudnn' else _tokamax
-    fn = lambda q, k, v, m: kernel(q, k, v, m, scale)
+    fn = lambda q, k, v, m: _padded(kernel, q, k, v, m, scale)
     args = (q_btnh, k_bskh, v_bskh, mask_bts)
   if shard is None:
     return fn(*args)
