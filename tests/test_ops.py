@@ -174,6 +174,25 @@ def test_grouped_matmul_through_tokamax_equals_xla(dtype):
   chex.assert_trees_all_close((y1, g1), (y0, g0), atol=1e-5, rtol=1e-5)
 
 
+def test_a_tokamax_that_cannot_zero_the_rows_past_the_groups_is_not_picked(
+    monkeypatch):
+  # Without zero_initialize, tokamax's GPU kernels leave the rows past the
+  # groups as memory was: NaN expert gradients on an H200 for a batch with
+  # padding. On an accelerator such a tokamax is passed over, by name.
+  from cascade_jax.ops import _matmul  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(_registry, 'backend', lambda: 'gpu')
+  monkeypatch.setattr(_matmul, '_zero_initializes', lambda: False)
+  lhs, rhs = jnp.ones((128, 8)), jnp.ones((2, 8, 4))
+  sizes = jnp.array([60, 60], jnp.int32)
+  ops.reset_selected()
+  ops.grouped_matmul(lhs, rhs, sizes)
+  assert ops.selected()['grouped_matmul'] == ['xla (gpu, float32)']
+  with ops.strict_mode(), pytest.raises(ops.FallbackError,
+                                        match='zero_initialize'):
+    ops.grouped_matmul(lhs, rhs, sizes)
+  ops.reset_selected()
+
+
 @pytest.mark.parametrize('impl', ['xla', 'tokamax'])
 def test_ragged_moe_equals_dense_forward_and_grads(impl):
   # The dropless `ragged` dispatch over each grouped-matmul implementation:

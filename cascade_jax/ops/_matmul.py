@@ -9,6 +9,9 @@ Implementations:
   Hopper, Triton elsewhere on GPU), as MaxText's dropless MoE uses on both;
   'auto' picks it on GPU / TPU whenever tokamax imports (on CPU it runs
   XLA's ragged_dot; forced there, the tests check the call through it).
+  On GPU only a tokamax with `zero_initialize` (>= 0.0.17): without it the
+  rows past the groups are left as memory was, which gave NaN expert
+  gradients on an H200 for a batch with padding tokens.
 Both take the same arguments and differentiate (tokamax has its own VJP
 kernels). Callers size their row buffers with `round_rows` (rows past the
 groups are zero), so that the kernel never refuses a shape; in strict mode
@@ -16,6 +19,9 @@ a count it would refuse is an error, not XLA's ragged_dot.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +48,15 @@ def round_rows(m: int) -> int:
   return -(-m // t) * t
 
 
+@functools.cache
+def _zero_initializes() -> bool:
+  """Whether tokamax's ragged_dot can zero the rows past the groups
+  (`zero_initialize`, tokamax >= 0.0.17; older ones leave them as the
+  kernel's memory was)."""
+  tokamax = _attention.tokamax_module()
+  return 'zero_initialize' in inspect.signature(tokamax.ragged_dot).parameters
+
+
 def grouped_matmul(lhs_mk: jax.Array, rhs_gkn: jax.Array,
                    group_sizes_g: jax.Array, *,
                    preferred_element_type=None) -> jax.Array:
@@ -52,6 +67,11 @@ def grouped_matmul(lhs_mk: jax.Array, rhs_gkn: jax.Array,
   accelerator = _registry.backend() in ('gpu', 'tpu')
   tok = _attention._tokamax_available()  # pylint: disable=protected-access
   m = lhs_mk.shape[0]
+  gpu = _registry.backend() == 'gpu'
+  if tok is True and gpu and not _zero_initializes():
+    tok = ('this tokamax has no ragged_dot(zero_initialize=): its kernels '
+           'leave the rows past the groups uninitialized, which gave NaN '
+           'expert gradients on an H200 (pip install -U tokamax)')
   if tok is True and accelerator and m % ROW_TILE:
     tok = (f'{m} rows are not a multiple of the kernel\'s row tile '
            f'({ROW_TILE}; tokamax would run XLA\'s ragged_dot): size the '
@@ -67,8 +87,12 @@ def grouped_matmul(lhs_mk: jax.Array, rhs_gkn: jax.Array,
     # Strict: its Pallas kernel or an error (tokamax would otherwise take
     # XLA's ragged_dot on a shape its kernel refuses, silently).
     impl = 'mosaic' if accelerator and _registry.strict() else None
+    # On GPU the rows past the groups zeroed, forward and in the VJP's
+    # kernels (left uninitialized, they gave NaN gradients for batches with
+    # padding on an H200). TPU's kernel: not seen on a TPU yet, unchanged.
+    zero = dict(zero_initialize=True) if gpu else {}
     return tokamax.ragged_dot(lhs_mk, rhs_gkn, group_sizes_g,
                               preferred_element_type=preferred_element_type,
-                              implementation=impl)
+                              implementation=impl, **zero)
   return jax.lax.ragged_dot(lhs_mk, rhs_gkn, group_sizes_g,
                             preferred_element_type=preferred_element_type)
