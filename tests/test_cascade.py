@@ -250,6 +250,7 @@ def test_quick_cascade_on_the_hybrid_model(tmp_path):
     cascade.plan(c)
 
 
+@pytest.mark.slow  # ~90 s: CI runs it; the quick cascade test resumes past finished stages by default
 def test_a_killed_stage_resumes(tmp_path, monkeypatch):
   c = _laptop(cascade_config.get_config('quick'))
   c.order = 'sft,if_rl'

@@ -34,6 +34,7 @@ def _fixture_config():
   return c
 
 
+@pytest.mark.slow  # ~20 s, old checkpoints: CI runs it
 def test_a_per_layer_run_is_refused_then_converted_and_resumes(tmp_path):
   run = str(tmp_path / 'run')
   shutil.copytree(_FIXTURE, run)

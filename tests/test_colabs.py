@@ -17,7 +17,13 @@ def test_there_are_notebooks():
   assert len(NOTEBOOKS) >= 2
 
 
-@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
+# The walkthrough and the public-data notebook run by default; CI runs all.
+_SLOW = ('moe_explore.py',)
+
+
+@pytest.mark.parametrize('path', [
+    pytest.param(p, marks=pytest.mark.slow) if os.path.basename(p) in _SLOW
+    else p for p in NOTEBOOKS], ids=os.path.basename)
 def test_notebook_is_paired_and_runs(path):
   py = jupytext.read(path)
   ipynb_path = path[:-3] + '.ipynb'

@@ -104,6 +104,7 @@ def test_decoupled_process_at_staleness_0_equals_the_synchronous_loop(
              for r in proc[:-1])
 
 
+@pytest.mark.slow  # ~40 s, not the default (max_staleness 0, whose test stays): CI runs it
 def test_decoupled_process_at_staleness_1_follows_the_schedule(sft_dir,
                                                                tmp_path):
   inline = _run(sft_dir, tmp_path / 'inline', 'inline', 1)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 _WORKER = os.path.join(os.path.dirname(__file__), '_distributed_worker.py')
 _COLLECT = os.path.join(os.path.dirname(__file__), '_collect_worker.py')
@@ -45,6 +46,7 @@ def test_two_process_sharded_step_equals_single_process(tmp_path):
                                rtol=1e-5, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.slow  # ~26 s: CI runs it
 def test_two_processes_whose_verdicts_differ_collect_the_same_batch(tmp_path):
   # Each process's reward function answers differently (its process index
   # plus 1 on every other row). Each scores its own half of the 8 rollouts

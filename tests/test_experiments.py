@@ -16,6 +16,7 @@ def _run(*args):
                         capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # ~13 s, a benchmark: CI runs it
 def test_bench_moe_quick_writes_a_table_and_results(tmp_path):
   r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:quick',
            '--config.num_experts=4', f'--workdir={tmp_path}')
@@ -40,6 +41,7 @@ def test_unknown_config_argument_is_refused():
   assert "unknown argument 'huge'" in r.stderr
 
 
+@pytest.mark.slow  # ~17 s, a benchmark: CI runs it
 def test_bench_rollout_quick_prints_both_tables(tmp_path):
   # The sampler against transformers (same tokens), then the MoE decode
   # layer; with --workdir (as its sweep launches it) both as results.json.

@@ -95,6 +95,7 @@ def _hf_logits(m, tokens):
     return m(torch.tensor(tokens)).logits.float().numpy()
 
 
+@pytest.mark.slow  # ~30 s for both: CI runs them; the one-device imports stay
 @pytest.mark.parametrize('arch', ['qwen3', 'nemotron'])
 def test_import_run_on_a_mesh_matches_transformers(arch, qwen3_dir,
                                                    nemotron_dir, tmp_path):

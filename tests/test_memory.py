@@ -264,6 +264,7 @@ def test_memory_settings_change_no_checkpoint_layout():
                              ).layer_groups == _main_job_cfg().layer_groups
 
 
+@pytest.mark.slow  # ~23 s, an option off by default: CI runs it
 def test_bf16_moments_store_adam_in_half_the_bytes_and_follow_fp32(tmp_path):
   # optim.moment_dtype='bfloat16': Adam's moments stored in bf16 (the same
   # leaves, shapes and shardings, half the bytes), each update computed in

@@ -439,6 +439,7 @@ def test_grpo_stage_runs_checkpoints_and_resumes(sft_dir, tmp_path):
   assert [r['step'] for r in rows if 'reward_mean' in r][-2:] == [5, 6]
 
 
+@pytest.mark.slow  # ~14 s, bf16 sampler (not the default; its loss test stays): CI runs it
 def test_weight_sync_stage_samples_bf16_and_logs_the_sync(sft_dir, tmp_path):
   # rl.sampler_dtype='bfloat16' through the stage: every step samples from
   # a fresh bf16 copy (the sync's seconds logged), the learner keeps fp32

@@ -80,8 +80,9 @@ def _batch(kind, tok, recs, agentic, m, c):
                     reward_fn=lambda r, _: np.arange(len(r)) % 3)[0]
 
 
-@pytest.mark.parametrize('kind', ['grpo', 'mopd', pytest.param(
-    'episodes', marks=pytest.mark.slow)])
+@pytest.mark.parametrize('kind', ['grpo', pytest.param(
+    'mopd', marks=pytest.mark.slow), pytest.param(
+        'episodes', marks=pytest.mark.slow)])
 def test_micro_batches_give_the_same_update(setup, kind):
   # One optimizer step over 32 rollouts, its gradient in 1, 2 or 4
   # micro-batches: the same objective (every micro-batch's loss divides by
@@ -130,7 +131,10 @@ def test_micro_batches_give_the_same_update(setup, kind):
           jax.tree_util.keystr(path), k)
 
 
-@pytest.mark.parametrize('kind', ['episodes', 'grpo', 'hybrid'])
+# The main job's path (episodes) by default; the others in CI (~70 s).
+@pytest.mark.parametrize('kind', ['episodes', pytest.param(
+    'grpo', marks=pytest.mark.slow), pytest.param(
+        'hybrid', marks=pytest.mark.slow)])
 def test_packed_update_equals_the_padded_one(setup, kind):
   # rl.pack_width (the main job's episode stages): the rollouts packed
   # into rows of several, the update equals the padded batch's (the same
@@ -284,7 +288,8 @@ def test_micro_batch_rows_are_strided():
                                 [1, 3, 5, 7])
 
 
-@pytest.mark.parametrize('algorithm', ['grpo', 'mopd'])
+@pytest.mark.parametrize('algorithm', ['grpo', pytest.param(
+    'mopd', marks=pytest.mark.slow)])
 def test_a_step_moves_data_once_each_way(setup, monkeypatch, algorithm):
   # Under a transfer guard that refuses every implicit transfer, one step
   # (collect, then the learner's step with a KL reference or a teacher)

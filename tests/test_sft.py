@@ -35,6 +35,7 @@ def _quick(**kw):
   return c
 
 
+@pytest.mark.slow  # ~62 s: CI runs it; the quick cascade test runs SFT by default
 def test_quick_sft_runs_end_to_end(tmp_path):
   scores = sft.run(_quick(), str(tmp_path))
   assert set(scores) == {'instruction_following', 'multi_domain', 'math',
@@ -50,6 +51,7 @@ def test_quick_sft_runs_end_to_end(tmp_path):
   assert checkpoint.Checkpointer(str(tmp_path / 'checkpoints')).latest_step() == 30
 
 
+@pytest.mark.slow  # ~32 s: CI runs it; tests/test_sharding.py checks expert-parallel steps by default
 def test_sft_on_an_expert_parallel_mesh(tmp_path):
   # 8 fake devices: data 2 x fsdp 2 x expert 2; 10 eval prompts per domain
   # (not a multiple of 8: the evaluator pads).
