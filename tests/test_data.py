@@ -146,20 +146,32 @@ def test_packed_loss_equals_unpacked_per_example(tok):
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
   ds, _ = data.build_dataset(tok, SOURCES, seq_len=256, batch_size=2, seed=0)
   batch = jax.tree.map(jnp.asarray, next(iter(ds)))
-  logits, _ = m(batch['inputs'], positions_bt=batch['positions'],
-                segment_ids_bt=batch['segment_ids'])
+  fwd = nnx.jit(lambda m, x, pos, seg: m(x, positions_bt=pos,
+                                          segment_ids_bt=seg)[0])
+  logits = fwd(m, batch['inputs'], batch['positions'], batch['segment_ids'])
   nll = -train.token_logprobs(logits, batch['targets']) * batch['mask']
-  checked = 0
+  # Each example alone in a row of its own (the rest padding, which no real
+  # token sees), all of them in one forward pass.
+  alone = {k: [] for k in ('inputs', 'targets', 'mask', 'segment_ids',
+                           'positions')}
+  packed = []
   for row in range(2):
     seg = np.asarray(batch['segment_ids'][row])
-    for s in set(seg[seg > 0].tolist()):
-      sel = seg == s
-      alone, _ = m(batch['inputs'][row][sel][None])
-      want = -train.token_logprobs(alone, batch['targets'][row][sel][None])
-      want = float(jnp.sum(want * batch['mask'][row][sel]))
-      np.testing.assert_allclose(float(jnp.sum(nll[row][sel])), want,
-                                 rtol=1e-5, atol=1e-5)
-      checked += 1
+    for s in sorted(set(seg[seg > 0].tolist())):
+      sel, n = seg == s, int((seg == s).sum())
+      for k in alone:
+        x = np.zeros(256, np.int32)
+        x[:n] = {'segment_ids': 1, 'positions': np.arange(n)}.get(
+            k, np.asarray(batch.get(k, seg))[row][sel] if k in batch else 0)
+        alone[k].append(x)
+      packed.append(float(jnp.sum(nll[row][sel])))
+  alone = {k: jnp.asarray(np.stack(v)) for k, v in alone.items()}
+  logits_alone = fwd(m, alone['inputs'], alone['positions'],
+                     alone['segment_ids'])
+  want = -train.token_logprobs(logits_alone, alone['targets']) * alone['mask']
+  np.testing.assert_allclose(packed, np.asarray(jnp.sum(want, axis=1)),
+                             rtol=1e-5, atol=1e-5)
+  checked = len(packed)
   assert checked >= 3
 
 

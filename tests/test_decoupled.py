@@ -73,6 +73,8 @@ def test_staleness_and_rollout_worker_config_errors():
     rl.RLConfig(rollout_cpus='1')
   # Stale rollouts are corrected even with the learner's own dtype.
   assert rl.RLConfig().correction('float32') == 'none'
+  # bf16 compute: the sampler's and the learner's programs round apart.
+  assert rl.RLConfig().correction('float32', 'bfloat16') == 'tis'
   assert rl.RLConfig(max_staleness=1).correction('float32') == 'tis'
   assert rl.RLConfig(max_staleness=1, behaviour_correction='mask'
                      ).correction('float32') == 'mask'
@@ -147,6 +149,7 @@ def test_decoupled_process_at_staleness_1_follows_the_schedule(sft_dir,
   assert sorted(os.listdir(tmp_path / 'proc' / 'rollouts')) == ['step_2.pkl']
 
 
+@pytest.mark.slow  # ~20 s, not the default (max_staleness 0): CI runs it
 def test_decoupled_staleness_with_several_updates_uses_the_proximal_policy(
     sft_dir, tmp_path):
   # Two updates a batch on stale rollouts: the clipped ratio is taken

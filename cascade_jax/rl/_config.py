@@ -99,7 +99,8 @@ class RLConfig:
   # min(pi_learner / pi_sampler, tis_cap) (truncated importance sampling),
   # 'mask' drops the tokens whose ratio is outside [1 / tis_cap, tis_cap],
   # 'none' trains as if on-policy. Nothing is applied when the sampler is
-  # the learner. (MOPD's loss always weighs by that ratio, truncated.)
+  # the learner and both compute in fp32 (`correction`). (MOPD's loss
+  # always weighs by that ratio, truncated.)
   behaviour_correction: str = 'tis'
   tis_cap: float = 2.0
   # Decoupled rollouts (`rl._decoupled`): step t's rollouts are sampled by
@@ -130,12 +131,18 @@ class RLConfig:
                                     self.max_observation_tokens),
         max_tokens=pick('max_tokens', self.max_episode_tokens))
 
-  def correction(self, learner_dtype) -> str:
+  def correction(self, learner_dtype, compute_dtype='float32') -> str:
     """The behaviour correction the loss applies when the learner's
-    weights are `learner_dtype`: 'none' when the sampler reads them as
-    they are and is never behind (`max_staleness` 0)."""
+    weights are `learner_dtype` and the model computes in `compute_dtype`:
+    'none' only when the sampler reads the weights as they are, computes
+    in fp32 and is never behind (`max_staleness` 0). Below fp32 the
+    sampler's programs (attention over the cache, one token a step) and
+    the learner's (fused attention over the sequence) round differently:
+    on an H200 in bf16, mean |d log p| 0.0075 on identical weights
+    (docs/results/gpu_h200_2026-12-04), which the loss then corrects."""
     exact = (jnp.dtype(self.sampler_dtype).itemsize >=
-             jnp.dtype(learner_dtype).itemsize and not self.max_staleness)
+             jnp.dtype(learner_dtype).itemsize and
+             jnp.dtype(compute_dtype).itemsize >= 4 and not self.max_staleness)
     return 'none' if exact else self.behaviour_correction
 
   @property

@@ -383,11 +383,11 @@ class Learner:
 
   def correction(self, state: train.TrainState) -> str:
     """The loss's behaviour correction: 'none' when the sampler samples
-    from the learner's own weights (`RLConfig.correction`)."""
+    from the learner's own weights in fp32 (`RLConfig.correction`)."""
     dtypes = {jnp.dtype(x.dtype) for x in jax.tree.leaves(state.params)
               if jnp.issubdtype(x.dtype, jnp.floating)}
-    return 'none' if not dtypes else self.cfg.correction(max(
-        dtypes, key=lambda d: d.itemsize))
+    return 'none' if not dtypes else self.cfg.correction(
+        max(dtypes, key=lambda d: d.itemsize), self.model_cfg(state).dtype)
 
   def parts(self, rows: int, packed: bool = False) -> list[np.ndarray]:
     """Row indices of each micro-batch of each update (the MoE capacity

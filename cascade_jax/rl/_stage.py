@@ -68,6 +68,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(f'[rl] the sampler runs a {rc.sampler_dtype} copy of the weights '
           f'in the {rc.sampler_layout} layout; the loss corrects for its '
           f'dtype: {learner.correction(state)}')
+  elif learner.correction(state) != 'none':
+    print(f'[rl] the loss corrects for the sampler '
+          f'({learner.correction(state)}): the model computes in '
+          f'{learner.model_cfg(state).dtype} or rollouts may be stale')
   source = _rollouts(config, setup, rc, sampler, tok, data, rewards)
   source.start(start, state, pending, data.stream.position)
   try:
