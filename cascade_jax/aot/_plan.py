@@ -148,7 +148,10 @@ def _abstract_rl(cfg, ctx, opt, rows, seq, algorithm, micro_batches=1):
       sampler_logp=f32, rewards=f32, advantages=f32, teacher_logp=f32)))
   rc = rl.RLConfig(algorithm=algorithm, rollouts_per_prompt=16,
                    dynamic_filtering=False, micro_batches=micro_batches)
-  return rl.update, (state, batch), dict(graph=graph, opt=opt, cfg=rc, moe=())
+  # The behaviour correction the learner would apply (bf16 compute: 'tis').
+  return rl.update, (state, batch), dict(
+      graph=graph, opt=opt, cfg=rc, moe=(),
+      correction=rc.correction(cfg.param_dtype, cfg.dtype))
 
 
 def _abstract_cache(cfg, ctx, rows, length):
