@@ -272,3 +272,38 @@ def test_a_long_cache_is_read_in_written_blocks_with_the_same_samples():
   want = ('cpu_kernel' if ops.cpu_kernel_enabled('cache_attention') is True
           else 'xla')
   assert ops.selected()['cache_attention'] == [f'{want} (cpu, float32)']
+
+
+@pytest.mark.parametrize('pattern', ['*E*E', 'ME*E'])
+def test_a_fused_prefill_samples_what_the_cache_read_samples(pattern):
+  # The sampler's prefill writes new prompts into an empty cache: with
+  # prefill_attention 'fused' (GPU / TPU's default) the prompt attends over
+  # itself through `ops.attention` instead of over every cache slot. Same
+  # cache, same samples, log-probs within float rounding; on CPU the cache
+  # read stays the default. Left-padded prompts of different lengths, and
+  # a hybrid (Mamba) model.
+  from cascade_jax import ops  # pylint: disable=g-import-not-at-top
+  mamba = (model.MambaConfig(num_heads=4, head_dim=4, state_dim=8,
+                             num_groups=2, chunk_size=8)
+           if 'M' in pattern else None)
+  m = model.Transformer(model.tiny(vocab_size=48, pattern=pattern,
+                                   qk_norm=True, mamba=mamba),
+                        rngs=nnx.Rngs(3))
+  cfg = rollout.SampleConfig(max_new_tokens=12, temperature=1.0,
+                             prompt_bucket=8)
+  prompts = _prompts([13, 5, 9])
+  out = {}
+  for impl in ('fused', 'cache'):
+    jax.clear_caches()
+    ops.reset_selected()
+    with ops.forced(prefill_attention=impl):
+      out[impl] = rollout.generate(m, prompts, cfg=cfg, stop_ids=(),
+                                   key=jax.random.key(7))
+    assert ops.selected()['prefill_attention'] == [f'{impl} (cpu, float32)']
+  np.testing.assert_array_equal(out['fused'].tokens, out['cache'].tokens)
+  np.testing.assert_allclose(out['fused'].logprobs, out['cache'].logprobs,
+                             atol=1e-5)
+  jax.clear_caches()
+  ops.reset_selected()
+  rollout.generate(m, prompts, cfg=cfg, stop_ids=(), key=jax.random.key(7))
+  assert ops.selected()['prefill_attention'] == ['cache (cpu, float32)']

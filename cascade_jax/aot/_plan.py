@@ -180,7 +180,7 @@ def _prefill(graph, state, cache, tokens):
   logits, cache, _ = rollout.forward(
       model, tokens, positions_bt=pos, segment_ids_bt=jnp.ones_like(tokens),
       cache=cache, layouts=rollout.model_decode_weights(model, b),
-      last_logits_only=True)
+      last_logits_only=True, fresh=True)
   return logits, cache
 
 

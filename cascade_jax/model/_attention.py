@@ -57,12 +57,16 @@ class Attention(nnx.Module):
 
   def __call__(self, x_btd, *, positions_bt, segment_ids_bt, kv_cache=None,
                cache_index=None, cache_positions_bs=None,
-               cache_segment_ids_bs=None, rope_cs=None, mask_bts=None):
+               cache_segment_ids_bs=None, rope_cs=None, mask_bts=None,
+               fresh_cache=False):
     """Attends x over itself, or over a KV cache that x's keys are written into.
 
     The cache is (keys [B, K, H, S], values [B, K, S, H]); see
     `ops.cache_attention`. `rope_cs` (from `rope_tables`) and `mask_bts`
     (from `attention_mask`) may be passed precomputed, once for all layers.
+
+    `fresh_cache`: the cache holds nothing before `cache_index` (the
+    sampler's prefill of new prompts): `ops.prefill_attention`.
 
     Returns (y [B, T, D], (k, v)): the new keys/values [B, T, K, H], or the
     updated cache.
@@ -84,11 +88,20 @@ class Attention(nnx.Module):
                                   cache_positions_bs, cache_segment_ids_bs)
       norm = (None if self.q_norm is None else
               (self.q_norm.scale[...], self.k_norm.scale[...]))
-      out, *new_kv = ops.cache_attention(
-          q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5,
-          qk_norm=norm, norm_eps=cfg.norm_eps,
-          rope=rope_cs if cfg.use_rope else None,
-          sharded=self.ctx is not None)
+      if fresh_cache:
+        out, *new_kv = ops.prefill_attention(
+            q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5,
+            segment_ids=segment_ids_bt, positions=positions_bt,
+            qk_norm=norm, norm_eps=cfg.norm_eps,
+            rope=rope_cs if cfg.use_rope else None,
+            shard=None if self.ctx is None else (
+                self.ctx.mesh, self.ctx.mesh_axes('batch')))
+      else:
+        out, *new_kv = ops.cache_attention(
+            q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5,
+            qk_norm=norm, norm_eps=cfg.norm_eps,
+            rope=rope_cs if cfg.use_rope else None,
+            sharded=self.ctx is not None)
     else:
       if self.q_norm is not None:
         q, kk = self.q_norm(q), self.k_norm(kk)

@@ -4,6 +4,8 @@
   attention        xla (CPU, fp32) | cudnn (GPU) | splash (TPU) | tokamax
   cache_attention  xla | cpu_kernel (CPU fp32, where measured faster) |
                    xla_written (forced only: a long cache's written blocks)
+  prefill_attention  cache (CPU: cache_attention over every slot) | fused
+                   (GPU, TPU: the new tokens over themselves, `attention`)
   moe_decode       xla (the sampler's layouts) | cpu_kernel (likewise)
   argmax           xla | cpu_kernel (likewise)
   token_logprobs   xla
@@ -14,7 +16,8 @@
 section or CASCADE_JAX_OPS='attention=xla' forces a choice;
 `set_strict(True)` (a config's `ops_strict`, CASCADE_JAX_OPS_STRICT=1) makes
 a fallback from the backend's preferred kernel an error. The reference of
-each op is its 'xla' implementation; tests hold the others equal to it.
+each op is its 'xla' implementation (prefill_attention's: 'cache'); tests
+hold the others equal to it.
 """
 
 from cascade_jax.ops._attention import apply_rope
@@ -22,6 +25,7 @@ from cascade_jax.ops._attention import attention
 from cascade_jax.ops._attention import attention_mask
 from cascade_jax.ops._attention import cache_attention
 from cascade_jax.ops._attention import cache_slots
+from cascade_jax.ops._attention import prefill_attention
 from cascade_jax.ops._attention import rms_norm
 from cascade_jax.ops._attention import write_at
 from cascade_jax.ops._collectives import axis_index

@@ -50,6 +50,7 @@ IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
     'grouped_matmul': ('xla', 'tokamax'),
     'attention': ('xla', 'cudnn', 'tokamax', 'splash'),
     'cache_attention': ('xla', 'cpu_kernel', 'xla_written'),
+    'prefill_attention': ('cache', 'fused'),
     'moe_decode': ('xla', 'cpu_kernel'),
     'argmax': ('xla', 'cpu_kernel'),
     'token_logprobs': ('xla',),

@@ -183,7 +183,8 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
             cache: model_lib.KVCache,
             layouts: Sequence[DecodeWeights | None],
             rope_cs: tuple[jax.Array, jax.Array] | None = None,
-            last_logits_only: bool = False, carry_mamba: bool = False
+            last_logits_only: bool = False, carry_mamba: bool = False,
+            fresh: bool = False
             ) -> tuple[jax.Array, model_lib.KVCache, jax.Array | None]:
   """The model over `cache`: writes the tokens' keys / values (and Mamba states), returns the logits.
 
@@ -201,6 +202,9 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
       restart). Multi-turn sampling, where empty slots sit between a row's
       tokens, uses it; the default restarts the states where the segment
       changes (packed prefill).
+    fresh: the cache holds nothing yet (a prefill of new prompts): the
+      attention layers attend over the tokens themselves
+      (`ops.prefill_attention`; on GPU / TPU a fused kernel).
 
   Returns:
     (logits [B, T or 1, V] fp32, the updated cache, experts chosen
@@ -232,7 +236,7 @@ def forward(model, tokens_bt, *, positions_bt, segment_ids_bt,
           h, positions_bt=positions_bt, segment_ids_bt=segment_ids_bt,
           kv_cache=(cache.k[a], cache.v[a]), cache_index=cache.index,
           cache_positions_bs=cache_pos, cache_segment_ids_bs=cache_seg,
-          rope_cs=rope_cs, mask_bts=mask)
+          rope_cs=rope_cs, mask_bts=mask, fresh_cache=fresh)
       new_k.append(kk)
       new_v.append(vv)
     elif blk.kind == model_lib.MOE:

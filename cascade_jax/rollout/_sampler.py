@@ -172,14 +172,15 @@ def _select(logits, key, cfg: SampleConfig):
 
 
 def prefill(model, prompt_bp, prompt_len_b, cache, layouts):
-  """The left-padded prompts [B, P] (lengths [B]) written into `cache`:
-  (the last position's logits [B, 1, V], the cache, the prompt's experts)."""
+  """The left-padded prompts [B, P] (lengths [B]) written into `cache`, a
+  new one (nothing written): (the last position's logits [B, 1, V], the
+  cache, the prompt's experts)."""
   p = prompt_bp.shape[1]
   pos = jnp.arange(p)[None, :] - (p - prompt_len_b[:, None])   # left-padded
   return _decode.forward(
       model, prompt_bp, positions_bt=jnp.maximum(pos, 0),
       segment_ids_bt=(pos >= 0).astype(jnp.int32), cache=cache,
-      layouts=layouts, last_logits_only=True)
+      layouts=layouts, last_logits_only=True, fresh=True)
 
 
 def reply_mask(toks, stop_ids, unstopped_length):
