@@ -151,6 +151,7 @@ def test_checkpoint_that_does_not_fit_is_refused(tmp_path):
     sft.run(bigger, str(tmp_path))
 
 
+@pytest.mark.slow  # ~25 s: CI runs it; the quick cascade scores every stage through restore_run by default
 def test_restore_run_reads_the_latest_weights_only(tmp_path):
   sft.run(_quick(**{'steps': 3, 'eval_n': 0, 'checkpoint_every': 3}),
           str(tmp_path))
