@@ -121,7 +121,8 @@ def mismatch_rows(c) -> list[list]:
   (`rl.check_on_policy`)."""
   cfg = _model_cfg(c)
   graph, params, rest, sgraph, sync = _learner_and_sync(cfg, c.dtype)
-  sampler = nnx.merge(sgraph, *sync((params, rest)))
+  copy = sync((params, rest))
+  sampler = nnx.merge(sgraph, *copy)
   bsz, p, n = (c.decode.batch_sizes[0], c.decode.prompt_len,
                c.decode.new_tokens[1])
   rng = np.random.RandomState(1)
@@ -135,7 +136,7 @@ def mismatch_rows(c) -> list[list]:
   out = {}
   narrow = f'{c.dtype} sampler'
   for name, g, pr, rs in ((narrow, graph, params, rest),
-                          ('same weights', sgraph, *sync((params, rest)))):
+                          ('same weights', sgraph, *copy)):
     m = rl.check_on_policy(pr, rs, batch, graph=g, cfg=rc,
                            moe=rl.exact_moe(cfg, batch))
     out[name] = {k: float(v) for k, v in m.items()}

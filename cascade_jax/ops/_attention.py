@@ -270,6 +270,25 @@ def write_at(buf, x, index, *, axis):
   return jax.vmap(put)(buf, x, index)
 
 
+def _write_kv(k_new, v_new, cache_k, cache_v, index):
+  """The cache (keys [B, K, H, S], values [B, K, S, H]) with the T new keys /
+  values [B, T, K, H] written at `index`."""
+  keys = write_at(cache_k, k_new.transpose(0, 2, 3, 1).astype(cache_k.dtype),
+                  index, axis=3)
+  values = write_at(cache_v, v_new.transpose(0, 2, 1, 3).astype(cache_v.dtype),
+                    index, axis=2)
+  return keys, values
+
+
+def _norm_rope(q, k, qk_norm, norm_eps, rope):
+  """QK-norm (scales (w_q, w_k) or None), then RoPE ((cos, sin) or None)."""
+  if qk_norm is not None:
+    q, k = rms_norm(q, qk_norm[0], norm_eps), rms_norm(k, qk_norm[1], norm_eps)
+  if rope is not None:
+    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+  return q, k
+
+
 def _write_cache(q, k_new, v_new, cache_k, cache_v, index):
   """The cache with the T new keys / values written at `index`, and the
   queries as [B, K, T*G, H]: one plain batched matmul per kv head over the
@@ -277,10 +296,7 @@ def _write_cache(q, k_new, v_new, cache_k, cache_v, index):
   einsum with G and T as separate dot dimensions)."""
   b, t, n, h = q.shape
   kh = cache_k.shape[1]
-  keys = write_at(cache_k, k_new.transpose(0, 2, 3, 1).astype(cache_k.dtype),
-                  index, axis=3)
-  values = write_at(cache_v, v_new.transpose(0, 2, 1, 3).astype(cache_v.dtype),
-                    index, axis=2)
+  keys, values = _write_kv(k_new, v_new, cache_k, cache_v, index)
   q = q.reshape(b, t, kh, n // kh, h).transpose(0, 2, 1, 3, 4).reshape(
       b, kh, t * (n // kh), h)
   return q, keys, values
@@ -430,11 +446,7 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
         q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts,
         index, scale=scale, qk_norm=qk_norm, norm_eps=norm_eps, rope=rope)
     return out.astype(q_btnh.dtype), ck, cv
-  q, k = q_btnh, k_new_btkh
-  if qk_norm is not None:
-    q, k = rms_norm(q, qk_norm[0], norm_eps), rms_norm(k, qk_norm[1], norm_eps)
-  if rope is not None:
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+  q, k = _norm_rope(q_btnh, k_new_btkh, qk_norm, norm_eps, rope)
   impl = _cache_written if name == 'xla_written' else _cache_xla
   return impl(q, k, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts, index,
               scale)
@@ -475,19 +487,11 @@ def prefill_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs,
                            cache_v_bksh, mask_bts, index, scale=scale,
                            qk_norm=qk_norm, norm_eps=norm_eps, rope=rope,
                            sharded=shard is not None)
-  q, k = q_btnh, k_new_btkh
-  if qk_norm is not None:
-    q, k = rms_norm(q, qk_norm[0], norm_eps), rms_norm(k, qk_norm[1], norm_eps)
-  if rope is not None:
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+  q, k = _norm_rope(q_btnh, k_new_btkh, qk_norm, norm_eps, rope)
   out = attention(q, k, v_new_btkh, scale=scale,
                   segment_ids=(segment_ids, segment_ids),
                   positions=(positions, positions), shard=shard)
-  keys = write_at(cache_k_bkhs, k.transpose(0, 2, 3, 1).astype(
-      cache_k_bkhs.dtype), index, axis=3)
-  values = write_at(cache_v_bksh, v_new_btkh.transpose(0, 2, 1, 3).astype(
-      cache_v_bksh.dtype), index, axis=2)
-  return out, keys, values
+  return (out, *_write_kv(k, v_new_btkh, cache_k_bkhs, cache_v_bksh, index))
 
 
 __all__ = ['apply_rope', 'attention', 'attention_mask', 'cache_attention',

@@ -64,10 +64,10 @@ def grouped_matmul(lhs_mk: jax.Array, rhs_gkn: jax.Array,
 
   Rows past sum(group_sizes) are zero. group_sizes int32 [G].
   """
-  accelerator = _registry.backend() in ('gpu', 'tpu')
+  backend = _registry.backend()
+  accelerator, gpu = backend in ('gpu', 'tpu'), backend == 'gpu'
   tok = _attention._tokamax_available()  # pylint: disable=protected-access
   m = lhs_mk.shape[0]
-  gpu = _registry.backend() == 'gpu'
   if tok is True and gpu and not _zero_initializes():
     tok = ('this tokamax has no ragged_dot(zero_initialize=): its kernels '
            'leave the rows past the groups uninitialized, which gave NaN '

@@ -64,13 +64,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                   start=start)
   sampler = SamplerWeights(graph, rc.sampler_dtype, ctx=setup.ctx,
                            layout=rc.sampler_layout)
+  correction = learner.correction(state)
   if sampler.copies(state):
     print(f'[rl] the sampler runs a {rc.sampler_dtype} copy of the weights '
           f'in the {rc.sampler_layout} layout; the loss corrects for its '
-          f'dtype: {learner.correction(state)}')
-  elif learner.correction(state) != 'none':
+          f'dtype: {correction}')
+  elif correction != 'none':
     print(f'[rl] the loss corrects for the sampler '
-          f'({learner.correction(state)}): the model computes in '
+          f'({correction}): the model computes in '
           f'{learner.model_cfg(state).dtype} or rollouts may be stale')
   source = _rollouts(config, setup, rc, sampler, tok, data, rewards)
   source.start(start, state, pending, data.stream.position)
