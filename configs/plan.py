@@ -51,6 +51,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ... in rl.sampler_layout: 'inference' (no FSDP on weights, experts over
   # the FSDP and expert axes, decode's MoE by the ragged exchange) or 'train'.
   c.sampler_layout = 'inference'
+  # ... laid out in memory as rl.sampler_weight_layout: 'auto' ('decode' on
+  # TPU: the attention's input projections with the embed axis minor, as
+  # the weight sync writes them and the decode step's matmuls read them),
+  # 'decode' or 'default' (the learner's layout).
+  c.sampler_weight_layout = 'auto'
   c.ops_strict = True
   # Adam's moments in training steps: 'float32' (8 bytes a parameter) or
   # 'bfloat16' (4; train.OptimConfig.moment_dtype).

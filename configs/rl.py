@@ -36,7 +36,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # weights ('bfloat16' at scale), the loss correcting for it
   # (behaviour_correction 'tis' / 'mask' / 'none', bound tis_cap);
   # sampler_layout: that copy's layout on a mesh ('inference': no FSDP,
-  # experts over the FSDP and expert axes; 'train': the learner's).
+  # experts over the FSDP and expert axes; 'train': the learner's);
+  # sampler_weight_layout: how that copy lays out each weight in memory
+  # ('auto': on TPU the attention's input projections with the embed axis
+  # minor, as its decode matmuls read them; elsewhere as the learner holds
+  # them; 'decode' / 'default' force either).
   # verifier_reward: 'graded' (the verifier's reward; instruction following:
   # the fraction of constraints met) or 'passed' (1 / 0: all met, the
   # paper's IF-RL reward). max_staleness: step t's rollouts sampled by the
@@ -53,7 +57,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       advantage_scale='std', dynamic_filtering=True, max_refill_rounds=2,
       overlong='penalty', routing_replay=True, mopd_reward_weight=0.0,
       trim_bucket=0, pack_width=0, capacity_headroom=0.25, sampler_dtype='float32',
-      sampler_layout='inference', behaviour_correction='tis', tis_cap=2.0,
+      sampler_layout='inference', sampler_weight_layout='auto',
+      behaviour_correction='tis', tis_cap=2.0,
       verifier_reward='graded', max_staleness=0, rollout_worker='inline',
       rollout_cpus=''))
   c.optim = ml_collections.ConfigDict(dict(

@@ -245,6 +245,40 @@ def test_plan_weight_sync_and_a_bf16_sampler_inference_layout():
   assert decode.bytes_accessed < fp32_train[0].bytes_accessed
 
 
+
+def test_plan_decode_reads_the_weight_layout_the_weight_sync_writes():
+  # sampler_weight_layout='decode' (TPU's 'auto'): the plan compiles the
+  # sync writing the attention's input projections with the embed axis
+  # minor and the decode step reading them so, every other weight as the
+  # learner's layout has it; on CPU 'auto' keeps the learner's layout.
+  from cascade_jax import rl  # pylint: disable=g-import-not-at-top
+  from cascade_jax.aot import _plan  # pylint: disable=g-import-not-at-top
+  c = plan_config.get_config('small')
+  cfg = aot.model_config(c)
+  ctx = sharding.ShardingCtx(sharding.make_mesh(
+      dict(fsdp=2, expert=2), jax.devices()[:4]))
+  shapes = dict(_plan.mesh_shapes(c.shapes.to_dict(), 4),
+                sampler_dtype='bfloat16', sampler_layout='inference')
+  assert _plan._weight_layout(ctx, shapes) == 'default'   # CPU's 'auto'
+  shapes['sampler_weight_layout'] = 'decode'
+
+  def minor(formats):
+    out = {}
+    for path, f in jax.tree_util.tree_flatten_with_path(formats)[0]:
+      name = jax.tree_util.keystr(path).split("['")[-1].split("']")[0]
+      out[name] = f.layout.major_to_minor
+    return out
+
+  decode = minor(_plan._compile('decode', cfg, ctx, None, shapes)[0]
+                 .input_formats[0][0])
+  sync = minor(_plan._compile('sync', cfg, ctx, None, shapes)[0]
+               .output_formats)
+  for name in ('w_q_dnh', 'w_k_dkh', 'w_v_dkh'):
+    want = rl.embed_minor(len(decode[name])).major_to_minor
+    assert decode[name] == sync[name] == want, name
+  assert decode['w_o_nhd'] == sync['w_o_nhd'] == tuple(
+      range(len(decode['w_o_nhd'])))
+
 def test_a_refused_step_keeps_the_compilers_whole_message():
   from cascade_jax.aot import _plan  # pylint: disable=g-import-not-at-top
   c = plan_config.get_config('small')

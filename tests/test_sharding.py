@@ -341,6 +341,64 @@ def test_weight_sync_to_the_inference_layout_gathers_no_weight(dtype):
       _gathered_shapes(state.params))
 
 
+
+@pytest.mark.parametrize('mesh', [None, dict(fsdp=2, expert=4)])
+def test_weight_sync_decode_weight_layout_samples_what_the_default_samples(mesh):
+  # rl.sampler_weight_layout='decode' (TPU's 'auto'): the weight sync writes
+  # the attention's input projections with the embed axis minor, every
+  # other weight as before, and the sampler reads them in that layout (jit
+  # takes a committed array's layout): the same draws, on one device (fp32:
+  # a copy that changes the layout alone) and in the inference layout.
+  import optax  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rl  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
+  from cascade_jax import train  # pylint: disable=g-import-not-at-top
+  assert rl.resolve_weight_layout('auto', 'tpu') == 'decode'
+  assert rl.resolve_weight_layout('auto', 'cpu') == 'default'
+  with pytest.raises(ValueError, match='sampler_weight_layout'):
+    rl.resolve_weight_layout('transposed', 'cpu')
+  with pytest.raises(ValueError, match='sampler_weight_layout'):
+    rl.RLConfig(sampler_weight_layout='transposed')
+  cfg = dataclasses.replace(_cfg('capacity'), moe=dataclasses.replace(
+      _cfg('capacity').moe, num_experts=8))
+  sc = rollout.SampleConfig(max_new_tokens=6, temperature=1.0,
+                            prompt_bucket=3)
+  prompts = [[5, 6, 7][: 1 + i % 3] + [9] * (i % 2) for i in range(8)]
+  ctx = (None if mesh is None else
+         sharding.ShardingCtx(sharding.make_mesh(mesh)))
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx)
+  if ctx is not None:
+    m = sharding.shard_model(m, ctx)
+  graph, state = train.init_state(m, optax.adam(1e-3))
+  draws = {}
+  for layout in ('default', 'decode'):
+    sampler = rl.SamplerWeights(graph, 'float32', ctx=ctx,
+                                weight_layout=layout)
+    assert sampler.weight_layout == layout
+    sm = sampler.model(state)
+    if layout == 'decode':
+      assert sampler.copies(state)
+      # The stacked weights as the sampler's model holds them.
+      leaves = jax.tree_util.tree_flatten_with_path(nnx.state(sm, nnx.Param))[0]
+      names = {jax.tree_util.keystr(p).split("['")[-1].split("']")[0]: x
+               for p, x in leaves}
+      for name in ('w_q_dnh', 'w_k_dkh', 'w_v_dkh'):
+        got = names[name].format.layout.major_to_minor
+        assert got == rl.embed_minor(names[name].ndim).major_to_minor, got
+      w_o = names['w_o_nhd']
+      assert w_o.format.layout.major_to_minor == tuple(range(w_o.ndim))
+      # The learner's arrays keep theirs.
+      for p, x in jax.tree_util.tree_flatten_with_path(state.params)[0]:
+        assert x.format.layout.major_to_minor == tuple(range(x.ndim)), p
+    else:
+      assert not sampler.copies(state) or ctx is not None
+    draws[layout] = rollout.generate(sm, prompts, cfg=sc, stop_ids=-1,
+                                     key=jax.random.key(3))
+  np.testing.assert_array_equal(draws['decode'].tokens,
+                                draws['default'].tokens)
+  np.testing.assert_allclose(draws['decode'].logprobs,
+                             draws['default'].logprobs, atol=1e-5)
+
 def test_vocab_parallel_embedding_never_gathers_the_table():
   # Vocab split over `tensor` (4 ways): the lookup runs in each vocab shard
   # and sums [B, T, D] over `tensor`; the gathering lookup it replaces

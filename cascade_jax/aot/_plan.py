@@ -212,12 +212,25 @@ def _abstract_sync(cfg, ctx, shapes):
   _, params, rest = nnx.split(train.abstract_model(cfg, ctx), nnx.Param, ...)
   target = rl.sampler_state(cfg, _sampler_cfg(cfg, shapes).param_dtype,
                             _sampler_ctx(cfg, ctx, shapes))[1:]
-  return rl.sync_fn(target), ((params, rest),), {}
+  formats = (rl.weight_formats(target)
+             if _weight_layout(ctx, shapes) == 'decode' else None)
+  return rl.sync_fn(target, formats), ((params, rest),), {}
 
 
-def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None):
+def _weight_layout(ctx, shapes) -> str:
+  """The sampler's weight layout on `ctx`'s platform (`sampler_weight_layout`)."""
+  return rl.resolve_weight_layout(shapes.get('sampler_weight_layout', 'auto'),
+                                  ctx.mesh.devices.flat[0].platform)
+
+
+def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None,
+                      weight_layout='default'):
   model = train.abstract_model(cfg, model_ctx or ctx)
   graph, state = nnx.split(model)
+  if weight_layout == 'decode':   # as the weight sync writes them
+    state = jax.tree.map(
+        lambda a, f: _sds(a.shape, a.dtype, f), state,
+        rl.weight_formats(state))
   cache = _abstract_cache(cfg, ctx, rows, length)
   t = prompt if which == 'prefill' else 1
   tokens = _rows(ctx, {'tokens': (rows, t)}, {})['tokens']
@@ -258,7 +271,8 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
   model_ctx = _sampler_ctx(cfg, ctx, shapes)
   cfg = _sampler_cfg(cfg, shapes)
   return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
-                           shapes['cache_len'], step, model_ctx) + (
+                           shapes['cache_len'], step, model_ctx,
+                           _weight_layout(ctx, shapes)) + (
                                rows * (shapes['prompt_len'] if step == 'prefill'
                                        else 1),)
 
@@ -465,7 +479,9 @@ def _run(config, progress, on_step) -> list[StepCost]:
     for variant, over in _variants(config):
       shapes = dict(mesh_shapes({**config.shapes.to_dict(), **over}, n),
                     sampler_dtype=config.get('sampler_dtype', ''),
-                    sampler_layout=config.get('sampler_layout', 'inference'))
+                    sampler_layout=config.get('sampler_layout', 'inference'),
+                    sampler_weight_layout=config.get('sampler_weight_layout',
+                                                     'auto'))
       for step in steps:
         cost = compile_step(step, cfg, ctx, opt, shapes, platform, name,
                             with_cost=not cost_meshes or name in cost_meshes)

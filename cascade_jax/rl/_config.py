@@ -14,6 +14,7 @@ from cascade_jax import rollout
 SAMPLER_DTYPES = ('float32', 'bfloat16')
 CORRECTIONS = ('tis', 'mask', 'none')
 SAMPLER_LAYOUTS = ('inference', 'train')
+SAMPLER_WEIGHT_LAYOUTS = ('auto', 'decode', 'default')
 ROLLOUT_WORKERS = ('inline', 'process')
 
 
@@ -94,6 +95,13 @@ class RLConfig:
   # weights) or 'train' (the learner's layout, read as it is). One jitted
   # reshard after each update; off a mesh nothing changes.
   sampler_layout: str = 'inference'
+  # The sampler's copy in memory: 'decode' writes the attention's input
+  # projections with their embed axis minor (what the decode step's
+  # matmuls read on TPU; in the learner's layout XLA re-lays them out every
+  # step), 'default' as the learner holds them, 'auto' 'decode' on TPU and
+  # 'default' elsewhere (`rl.resolve_weight_layout`). 'decode' makes a copy
+  # even where dtype and placement match the learner's.
+  sampler_weight_layout: str = 'auto'
   # A sampler that differs from the learner (sampler_dtype not the
   # learner's) is corrected in GRPO's loss: 'tis' weighs each token by
   # min(pi_learner / pi_sampler, tis_cap) (truncated importance sampling),
@@ -176,6 +184,10 @@ class RLConfig:
     if self.sampler_layout not in SAMPLER_LAYOUTS:
       raise ValueError(f'rl.sampler_layout: {self.sampler_layout!r} not in '
                        f'{SAMPLER_LAYOUTS}')
+    if self.sampler_weight_layout not in SAMPLER_WEIGHT_LAYOUTS:
+      raise ValueError(f'rl.sampler_weight_layout: '
+                       f'{self.sampler_weight_layout!r} not in '
+                       f'{SAMPLER_WEIGHT_LAYOUTS}')
     if self.behaviour_correction not in CORRECTIONS:
       raise ValueError(f'rl.behaviour_correction: '
                        f'{self.behaviour_correction!r} not in {CORRECTIONS}')

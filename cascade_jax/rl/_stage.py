@@ -63,12 +63,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
   sampler = SamplerWeights(graph, rc.sampler_dtype, ctx=setup.ctx,
-                           layout=rc.sampler_layout)
+                           layout=rc.sampler_layout,
+                           weight_layout=rc.sampler_weight_layout)
   correction = learner.correction(state)
   if sampler.copies(state):
     print(f'[rl] the sampler runs a {rc.sampler_dtype} copy of the weights '
-          f'in the {rc.sampler_layout} layout; the loss corrects for its '
-          f'dtype: {correction}')
+          f'in the {rc.sampler_layout} layout ({sampler.weight_layout} '
+          f'weight layouts); the loss corrects for its dtype: {correction}')
   elif correction != 'none':
     print(f'[rl] the loss corrects for the sampler '
           f'({correction}): the model computes in '

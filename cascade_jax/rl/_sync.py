@@ -14,6 +14,12 @@ reshard together), so no weight crosses the host. Where neither differs
 the learner's own arrays, exactly on-policy. A reshard alone is exact too:
 the loss corrects only for the dtype (`RLConfig.correction`).
 
+- in memory, each weight in the layout the sampler's programs read
+  (`RLConfig.sampler_weight_layout`, `weight_formats`): on TPU the
+  attention's input projections with the embed axis minor, which the
+  decode step's matmuls otherwise re-lay out from the learner's layout on
+  every step (Qwen3-30B-A3B at 32 chips: 35.4 -> 30.6 GB of HBM accessed
+  a decode step, docs/results/plan_decode_layouts_2026-12-04).
 A sampler in a process of its own (`rl.rollout_worker='process'`,
 `rl._decoupled`) is sent this copy as host arrays after each update.
 """
@@ -25,6 +31,8 @@ import time
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental.layout import Format
+from jax.experimental.layout import Layout
 
 from cascade_jax import model as model_lib
 from cascade_jax import sharding
@@ -59,12 +67,55 @@ def inference_layout(cfg: model_lib.ModelConfig, ctx: sharding.ShardingCtx):
   return g, shard(p), shard(r)
 
 
-def sync_fn(target):
+WEIGHT_LAYOUTS = ('auto', 'decode', 'default')
+# The weights that `decode` lays out with their embed axis (the matmul's
+# contracting axis) minor: the attention's input projections [.., D, N, H].
+# What XLA:TPU chose for the sampler's weights when left to choose
+# (`Layout.AUTO` on the decode step, Qwen3-30B-A3B, v5p): these three
+# transposed, every other weight as the learner holds it.
+DECODE_MINOR = frozenset({'w_q_dnh', 'w_k_dkh', 'w_v_dkh'})
+
+
+def resolve_weight_layout(layout: str, platform: str) -> str:
+  """`RLConfig.sampler_weight_layout` on a platform: 'auto' is 'decode'
+  on TPU (where it was measured) and 'default' elsewhere (XLA:CPU's and
+  XLA:GPU's decode matmuls were not measured with it)."""
+  if layout not in WEIGHT_LAYOUTS:
+    raise ValueError(f'rl.sampler_weight_layout: {layout!r} not in '
+                     f'{WEIGHT_LAYOUTS}')
+  if layout == 'auto':
+    return 'decode' if platform == 'tpu' else 'default'
+  return layout
+
+
+def embed_minor(ndim: int) -> Layout:
+  """The layout of a [.., D, N, H] weight with D (axis ndim - 3) minor."""
+  return Layout(major_to_minor=(*range(ndim - 3), ndim - 2, ndim - 1,
+                                ndim - 3))
+
+
+def weight_formats(target, default_sharding=None):
+  """`target` (abstract (params, rest)) with each `DECODE_MINOR` weight's
+  sharding replaced by a `Format` of it in the `embed_minor` layout: the
+  `decode` weight layout, as `sync_fn` writes it and the sampler's
+  programs read it. Leaves without a sharding (one device) take
+  `default_sharding`."""
+  def fmt(path, t):
+    sh = getattr(t, 'sharding', None) or default_sharding
+    names = {getattr(k, 'key', getattr(k, 'name', None)) for k in path}
+    if names & DECODE_MINOR and t.ndim >= 3:
+      return Format(embed_minor(t.ndim), sh)
+    return sh
+  return jax.tree_util.tree_map_with_path(fmt, target)
+
+
+def sync_fn(target, formats=None):
   """The weight sync as one jitted function of the learner's (params, rest):
   each leaf narrowed to `target`'s dtype where that is narrower (never
   widened) and placed with its sharding (`target`: abstract (params, rest)
   such as `sampler_state`'s; one without shardings, as on one device,
-  keeps every leaf's placement)."""
+  keeps every leaf's placement), or written in `formats` (`weight_formats`)
+  where given."""
   def leaf(x, t):
     if (jnp.issubdtype(x.dtype, jnp.floating) and
         jnp.issubdtype(t.dtype, jnp.floating) and
@@ -72,9 +123,14 @@ def sync_fn(target):
       return x.astype(t.dtype)
     return x
   shardings = [getattr(t, 'sharding', None) for t in jax.tree.leaves(target)]
+  if formats is not None:
+    out = formats
+  else:
+    out = (None if None in shardings else
+           jax.tree.map(lambda t: t.sharding, target))
   return jax.jit(lambda tree: jax.tree.map(leaf, tree, target),
-                 out_shardings=(None if None in shardings else jax.tree.map(
-                     lambda t: t.sharding, target)))
+                 out_shardings=out)
+
 
 
 class SamplerWeights:
@@ -89,6 +145,9 @@ class SamplerWeights:
     dtype: `RLConfig.sampler_dtype`.
     ctx: the learner's mesh and rules (None: one device).
     layout: `RLConfig.sampler_layout` ('inference' | 'train').
+    weight_layout: `RLConfig.sampler_weight_layout` ('auto' | 'decode' |
+      'default'): 'decode' (TPU's 'auto') copies the weights even where
+      dtype and placement are the learner's, to lay them out.
 
   `last_sync_s` is the last sync's seconds (0 when nothing is copied); the
   RL stage logs it as `weight_sync_s`.
@@ -96,12 +155,15 @@ class SamplerWeights:
 
   def __init__(self, graph: nnx.GraphDef, dtype: str, *,
                ctx: sharding.ShardingCtx | None = None,
-               layout: str = 'inference'):
+               layout: str = 'inference', weight_layout: str = 'auto'):
     if layout not in ('inference', 'train'):
       raise ValueError(f"sampler layout {layout!r} not in ('inference', "
                        "'train')")
     self.graph, self.dtype, self.ctx, self.layout = (graph, jnp.dtype(dtype),
                                                      ctx, layout)
+    platform = (jax.devices()[0] if ctx is None else
+                ctx.mesh.devices.flat[0]).platform
+    self.weight_layout = resolve_weight_layout(weight_layout, platform)
     self.last_sync_s = 0.0
     self._plan = None   # (sampler graph, whether it copies, sync fn)
 
@@ -123,8 +185,13 @@ class SamplerWeights:
           x.sharding.is_equivalent_to(t.sharding, x.ndim)
           for x, t in zip(jax.tree.leaves((state.params, state.rest)),
                           jax.tree.leaves((params, rest))))
-      self._plan = (graph if moves else self.graph, narrows or moves,
-                    sync_fn((params, rest)))
+      formats = None
+      if self.weight_layout == 'decode':
+        formats = weight_formats(
+            (params, rest), jax.tree.leaves(state.params)[0].sharding)
+      self._plan = (graph if moves else self.graph,
+                    narrows or moves or formats is not None,
+                    sync_fn((params, rest), formats))
     return self._plan
 
   def copies(self, state: train.TrainState) -> bool:
