@@ -74,7 +74,10 @@ _LEGEND = (
     'layer; x3 training, x4 with full remat; Mamba scans not counted). '
     'Times: max(TFLOP / '
     'peak, bytes / HBM bandwidth), communication not counted; "(counted)": '
-    'the counted TFLOP and the arguments read once (a lower bound).')
+    'the counted TFLOP and the arguments read once (a lower bound). '
+    'free GB: the chip\'s HBM (v5p 95 GB, H200 141 GB) less the peak; the '
+    'runtime\'s own reserve and fragmentation come out of it, so a step '
+    'with a few GB free may still not run.')
 
 
 def _write(c, costs):

@@ -1,5 +1,6 @@
 """The scale path: one stage set-up, the cascade on meshes and on two processes, the AOT plan."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -176,6 +177,10 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
   assert sft.fits('v5p') and sft.fits('h200')
   header, rows = aot.table(costs)
   assert len(rows) == 2 and len(rows[0]) == len(header)
+  # What is left of the chip beside the peak, per accelerator.
+  row = dict(zip(header, rows[0]))
+  assert row['v5p free GB'] == pytest.approx(95 - sft.peak_bytes / 1e9)
+  assert row['H200 free GB'] == pytest.approx(141 - sft.peak_bytes / 1e9)
 
 
 @pytest.mark.slow
@@ -278,6 +283,27 @@ def test_plan_decode_reads_the_weight_layout_the_weight_sync_writes():
     assert decode[name] == sync[name] == want, name
   assert decode['w_o_nhd'] == sync['w_o_nhd'] == tuple(
       range(len(decode['w_o_nhd'])))
+
+
+def test_plan_table_shows_what_each_chip_has_left_beside_the_peak():
+  # 60 GB of arguments + 10 of outputs + 30 of temporaries, 10 of the
+  # outputs written into donated arguments: a 90 GB peak leaves 5 GB of a
+  # v5p and 51 of an H200; 100 GB more temporaries leave neither.
+  from cascade_jax.aot import _report  # pylint: disable=g-import-not-at-top
+  gb = 10**9
+  cost = _report.StepCost(
+      step='grpo', mesh='v5p-64', devices=32, platform='tpu', tokens=1,
+      argument_bytes=60 * gb, output_bytes=10 * gb, temp_bytes=30 * gb,
+      alias_bytes=10 * gb, flops=1.0, bytes_accessed=1.0, compile_s=1.0,
+      state_bytes=50 * gb, model_flops=1.0)
+  over = dataclasses.replace(cost, temp_bytes=130 * gb)
+  header, rows = aot.table([cost, over])
+  fits, tight = (dict(zip(header, r)) for r in rows)
+  assert (fits['peak GB'], fits['v5p free GB'], fits['H200 free GB']) == (
+      90, 5, 51)
+  assert (fits['fits v5p'], fits['fits H200']) == ('yes', 'yes')
+  assert (tight['v5p free GB'], tight['H200 free GB']) == (-95, -49)
+  assert (tight['fits v5p'], tight['fits H200']) == ('NO', 'NO')
 
 def test_a_refused_step_keeps_the_compilers_whole_message():
   from cascade_jax.aot import _plan  # pylint: disable=g-import-not-at-top

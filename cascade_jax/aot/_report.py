@@ -61,6 +61,11 @@ class StepCost:
                  self.argument_bytes / a['hbm_bw'])
     return max(self.flops / a['flops'], self.bytes_accessed / a['hbm_bw'])
 
+  def free_bytes(self, accel: str) -> int:
+    """The chip's HBM left beside the step's peak (negative: over by that
+    much). The runtime's own reserve and fragmentation come out of it."""
+    return int(ACCELERATORS[accel]['hbm']) - self.peak_bytes
+
   def fits(self, accel: str) -> bool:
     """Peak within the chip's HBM, and the step compiled (a step the
     compiler refused, `note`, does not run as configured)."""
@@ -86,7 +91,7 @@ def table(costs: list[StepCost]) -> tuple[list[str], list[list]]:
   header = ['mesh', 'step', 'tokens', 'args GB', 'state GB (counted)',
             'out GB', 'temp GB', 'peak GB', 'TFLOP', 'TFLOP (counted)',
             'HBM GB moved', 'v5p ms', 'v5p ms (counted)', 'H200 ms',
-            'fits v5p', 'fits H200', 'note']
+            'fits v5p', 'v5p free GB', 'fits H200', 'H200 free GB', 'note']
   rows = []
   for c in costs:
     rows.append([f'{c.mesh} ({c.devices})',
@@ -96,6 +101,7 @@ def table(costs: list[StepCost]) -> tuple[list[str], list[list]]:
                  c.flops / 1e12, c.model_flops / 1e12, c.bytes_accessed / GB,
                  1e3 * c.seconds('v5p'), 1e3 * c.seconds('v5p', counted=True),
                  1e3 * c.seconds('h200'),
-                 'yes' if c.fits('v5p') else 'NO',
-                 'yes' if c.fits('h200') else 'NO', c.note])
+                 'yes' if c.fits('v5p') else 'NO', c.free_bytes('v5p') / GB,
+                 'yes' if c.fits('h200') else 'NO', c.free_bytes('h200') / GB,
+                 c.note])
   return header, rows
