@@ -187,8 +187,11 @@ class SamplerWeights:
                           jax.tree.leaves((params, rest))))
       formats = None
       if self.weight_layout == 'decode':
+        # Off a mesh the learner's leaves may be host arrays (a restored
+        # state): the sampler's copy goes to the default device.
         formats = weight_formats(
-            (params, rest), jax.tree.leaves(state.params)[0].sharding)
+            (params, rest), jax.sharding.SingleDeviceSharding(
+                jax.devices()[0]) if ctx is None else None)
       self._plan = (graph if moves else self.graph,
                     narrows or moves or formats is not None,
                     sync_fn((params, rest), formats))
