@@ -33,10 +33,16 @@ def _command(workdir, sft_dir, algorithm):
   if algorithm == 'mopd':
     cmd += ['--config.rl.algorithm=mopd', f'--config.teachers.math={sft_dir}',
             '--config.rl.dynamic_filtering=False']
+  else:
+    # GRPO on instruction following (graded: the share of constraints met),
+    # where the quick SFT's rollouts score 0-1 within a group; its math
+    # rollouts all score 0, so every advantage was 0 and no update moved the
+    # weights or the moments. No filtering: every step takes an update
+    # (with it, steps 3-6 found no group with a spread after refills).
+    cmd += ['--config.data.domain=instruction_following',
+            '--config.data.levels=1,2', '--config.rl.dynamic_filtering=False']
   if algorithm == 'packed':      # GRPO, rollouts packed several a row
-    # (no filtering: the quick SFT's rollouts all score 0, and a filtered
-    # batch takes no update, so nothing would be packed)
-    cmd += ['--config.rl.pack_width=64', '--config.rl.dynamic_filtering=False']
+    cmd += ['--config.rl.pack_width=64']
   if algorithm == 'decoupled':   # GRPO from a sampler process, 1 step ahead
     cmd += ['--config.rl.max_staleness=1', '--config.rl.rollout_worker=process']
   return cmd
@@ -121,6 +127,12 @@ def test_a_killed_rl_stage_resumes_bit_identically(sft_dir, tmp_path,
     np.testing.assert_array_equal(a, b)
   # The metrics file: every row once, with the values of the whole run.
   rows_w, rows_c = _rows(whole), _rows(cut)
+  # A resumed step took an update that moved the weights (the test could
+  # not tell a restored optimizer state from a lost one otherwise; a step
+  # whose groups all scored alike has no gradient).
+  moved = [r['step'] for r in rows_w
+           if r['step'] > 2 and r.get('grad_norm', 0) > 0]
+  assert moved, rows_w
   assert [r['step'] for r in rows_c] == [r['step'] for r in rows_w]
   assert rows_c == rows_w
   assert json.load(open(os.path.join(cut, 'rl_scores.json'))) == json.load(
