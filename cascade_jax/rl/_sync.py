@@ -37,6 +37,8 @@ from jax.experimental.layout import Layout
 from cascade_jax import model as model_lib
 from cascade_jax import sharding
 from cascade_jax import train
+from cascade_jax.rl._config import SAMPLER_LAYOUTS
+from cascade_jax.rl._config import SAMPLER_WEIGHT_LAYOUTS
 
 
 def sampler_state(cfg: model_lib.ModelConfig, dtype: str,
@@ -67,7 +69,6 @@ def inference_layout(cfg: model_lib.ModelConfig, ctx: sharding.ShardingCtx):
   return g, shard(p), shard(r)
 
 
-WEIGHT_LAYOUTS = ('auto', 'decode', 'default')
 # The weights that `decode` lays out with their embed axis (the matmul's
 # contracting axis) minor: the attention's input projections [.., D, N, H].
 # What XLA:TPU chose for the sampler's weights when left to choose
@@ -80,9 +81,9 @@ def resolve_weight_layout(layout: str, platform: str) -> str:
   """`RLConfig.sampler_weight_layout` on a platform: 'auto' is 'decode'
   on TPU (where it was measured) and 'default' elsewhere (XLA:CPU's and
   XLA:GPU's decode matmuls were not measured with it)."""
-  if layout not in WEIGHT_LAYOUTS:
+  if layout not in SAMPLER_WEIGHT_LAYOUTS:
     raise ValueError(f'rl.sampler_weight_layout: {layout!r} not in '
-                     f'{WEIGHT_LAYOUTS}')
+                     f'{SAMPLER_WEIGHT_LAYOUTS}')
   if layout == 'auto':
     return 'decode' if platform == 'tpu' else 'default'
   return layout
@@ -132,7 +133,6 @@ def sync_fn(target, formats=None):
                  out_shardings=out)
 
 
-
 class SamplerWeights:
   """The policy the sampler runs: `model(state)` after each update.
 
@@ -156,9 +156,8 @@ class SamplerWeights:
   def __init__(self, graph: nnx.GraphDef, dtype: str, *,
                ctx: sharding.ShardingCtx | None = None,
                layout: str = 'inference', weight_layout: str = 'auto'):
-    if layout not in ('inference', 'train'):
-      raise ValueError(f"sampler layout {layout!r} not in ('inference', "
-                       "'train')")
+    if layout not in SAMPLER_LAYOUTS:
+      raise ValueError(f'sampler layout {layout!r} not in {SAMPLER_LAYOUTS}')
     self.graph, self.dtype, self.ctx, self.layout = (graph, jnp.dtype(dtype),
                                                      ctx, layout)
     platform = (jax.devices()[0] if ctx is None else
