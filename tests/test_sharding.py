@@ -403,6 +403,39 @@ def test_weight_sync_decode_weight_layout_samples_what_the_default_samples(mesh)
   np.testing.assert_allclose(draws['decode'].logprobs,
                              draws['default'].logprobs, atol=1e-5)
 
+@pytest.mark.parametrize('mesh', [dict(fsdp=2, expert=4),
+                                  dict(fsdp=2, expert=2, tensor=2)])
+def test_inference_layout_pallas_cache_attention_samples_what_xla_samples(mesh):
+  # The TPU sampler's cache attention (`cache_attention='pallas'`, here in
+  # Pallas' interpreter) on a mesh: the sampler's weights in the inference
+  # layout (the weight sync's), the kernel per (batch, kv-head) shard in
+  # shard_map; the same draws as XLA's einsums on the same model.
+  import optax  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rl  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
+  from cascade_jax import train  # pylint: disable=g-import-not-at-top
+  cfg = _cfg('capacity')
+  ctx = sharding.ShardingCtx(sharding.make_mesh(mesh))
+  m = sharding.shard_model(model.Transformer(cfg, rngs=nnx.Rngs(0), ctx=ctx),
+                           ctx)
+  graph, state = train.init_state(m, optax.adam(1e-3))
+  sm = rl.SamplerWeights(graph, 'float32', ctx=ctx).model(state)
+  sc = rollout.SampleConfig(max_new_tokens=6, temperature=1.0,
+                            prompt_bucket=3)
+  prompts = [[5, 6, 7][: 1 + i % 3] + [9] * (i % 2) for i in range(8)]
+  draws = {}
+  for impl in ('xla', 'pallas'):
+    ops.reset_selected()
+    jax.clear_caches()    # a choice takes effect at the next trace
+    with ops.forced(cache_attention=impl):
+      draws[impl] = rollout.generate(sm, prompts, cfg=sc, stop_ids=-1,
+                                     key=jax.random.key(3))
+    assert ops.selected()['cache_attention'] == [f'{impl} (cpu, float32)']
+  np.testing.assert_array_equal(draws['pallas'].tokens, draws['xla'].tokens)
+  np.testing.assert_allclose(draws['pallas'].logprobs, draws['xla'].logprobs,
+                             atol=1e-5)
+
+
 def test_vocab_parallel_embedding_never_gathers_the_table():
   # Vocab split over `tensor` (4 ways): the lookup runs in each vocab shard
   # and sums [B, T, D] over `tensor`; the gathering lookup it replaces

@@ -101,7 +101,10 @@ class Attention(nnx.Module):
             q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5,
             qk_norm=norm, norm_eps=cfg.norm_eps,
             rope=rope_cs if cfg.use_rope else None,
-            sharded=self.ctx is not None)
+            shard=None if self.ctx is None else (
+                self.ctx.mesh, self.ctx.mesh_axes('batch')),
+            head_axes=() if self.ctx is None else self.ctx.mesh_axes(
+                'kv_heads'))
     else:
       if self.q_norm is not None:
         q, kk = self.q_norm(q), self.k_norm(kk)

@@ -2,7 +2,8 @@
 
   grouped_matmul   xla (CPU) | tokamax (GPU, TPU)
   attention        xla (CPU, fp32) | cudnn (GPU) | splash (TPU) | tokamax
-  cache_attention  xla | cpu_kernel (CPU fp32, where measured faster) |
+  cache_attention  pallas (TPU: the written blocks, scores kept in VMEM) |
+                   xla | cpu_kernel (CPU fp32, where measured faster) |
                    xla_written (forced only: a long cache's written blocks)
   prefill_attention  cache (CPU: cache_attention over every slot) | fused
                    (GPU, TPU: the new tokens over themselves, `attention`)

@@ -19,14 +19,19 @@ otherwise. All equal the reference on every position that sees a key (a
 padding query, which sees none, is undefined: each implementation fills it
 differently and nothing reads it).
 
-`cache_attention` implementations: 'cpu_kernel' (CPU, fp32, unsharded, where
+`cache_attention` implementations: 'pallas' (TPU: `kernels.decode_attention`,
+one Pallas kernel per (row, kv head) that streams the written blocks of the
+cache through VMEM with an online softmax, so the fp32 scores never go to
+HBM; on a mesh per shard in `shard_map`; elsewhere only when forced, in
+Pallas' interpreter, for tests); 'cpu_kernel' (CPU, fp32, unsharded, where
 `_cpu` finds it faster) writes the new keys / values into the cache in
-place and attends over the used slots; 'xla' otherwise (decoding reads the
-cache once per step: memory-bound, where a fused kernel gains little).
+place and attends over the used slots; 'xla' otherwise: two einsums around
+the softmax, its scores [B, K, T*G, S] written to memory and read back.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -337,14 +342,19 @@ def written_blocks_ok(slots: int, block: int = WRITTEN_BLOCK) -> bool | str:
 
 
 def cache_slots(n: int) -> int:
-  """The slots to allocate for a cache of `n`: `n`, or, where the
-  written-blocks path is forced (`cache_attention=xla_written`; it is never
-  picked by itself), a long cache rounded up to its block (the extra slots
-  are never written, and so never seen)."""
-  if (_registry.forced_choice('cache_attention') != 'xla_written' or
-      n < WRITTEN_MIN_BLOCKS * WRITTEN_BLOCK):
-    return n
-  return -(-n // WRITTEN_BLOCK) * WRITTEN_BLOCK
+  """The slots to allocate for a cache of `n`: `n`, or rounded up to the
+  blocks of the implementation that reads it: the Pallas kernel's (on a TPU,
+  or forced), or, where the written-blocks path is forced
+  (`cache_attention=xla_written`; it is never picked by itself), a long
+  cache to its block. The extra slots are never written, and so never seen."""
+  forced = _registry.forced_choice('cache_attention')
+  if forced == 'xla_written' and n >= WRITTEN_MIN_BLOCKS * WRITTEN_BLOCK:
+    return -(-n // WRITTEN_BLOCK) * WRITTEN_BLOCK
+  if forced == 'pallas' or (forced == _registry.AUTO and
+                            _registry.backend() == 'tpu'):
+    block = min(kernels.DECODE_ATTENTION_BLOCKS)
+    return -(-n // block) * block
+  return n
 
 
 def _cache_written(q, k_new, v_new, cache_k, cache_v, mask_bts, index, scale,
@@ -396,12 +406,59 @@ def _cache_written(q, k_new, v_new, cache_k, cache_v, mask_bts, index, scale,
   return out.reshape(b, t, n, h), keys, values
 
 
+def _cache_pallas(q, k_new, v_new, cache_k, cache_v, mask_bts, index, scale,
+                  shard, head_axes):
+  """`_cache_xla` as one Pallas kernel over the written blocks (see
+  `kernels.decode_attention`); on a mesh per (batch, kv-head) shard."""
+  b, t, n, h = q.shape
+  kh, s = cache_k.shape[1], cache_k.shape[3]
+  g = n // kh
+  q, keys, values = _write_cache(q, k_new, v_new, cache_k, cache_v, index)
+  # One mask row serves every query of a single new token; a block of T
+  # tokens gives each of its T * G query rows its own (row t * G + g).
+  mask = (mask_bts if t == 1 else jnp.repeat(mask_bts, g, axis=1)).astype(
+      jnp.int32)
+  written = jnp.broadcast_to(index + t, (b,)).astype(jnp.int32)
+  fn = functools.partial(kernels.decode_attention, scale=scale,
+                         block=kernels.decode_attention_block(s),
+                         interpret=_registry.backend() != 'tpu')
+  if shard is not None:
+    mesh, batch_axes = shard
+    rows = tuple(batch_axes) or None
+    heads = jax.sharding.PartitionSpec(rows, tuple(head_axes) or None)
+    by_row = jax.sharding.PartitionSpec(rows)
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(heads, heads, heads, by_row,
+                                                by_row),
+                       out_specs=heads, check_vma=False)
+  out = fn(q, keys, values, mask, written)                 # [B, K, T*G, H]
+  out = out.reshape(b, kh, t, g, h).transpose(0, 2, 1, 3, 4)
+  return out.reshape(b, t, n, h), keys, values
+
+
+def _pallas_ok(cache_k, q) -> bool | str:
+  """Whether the Pallas decode kernel takes this call, else why not."""
+  slots = cache_k.shape[3]
+  if kernels.decode_attention_block(slots) is None:
+    return (f'the Pallas decode kernel reads blocks of '
+            f'{kernels.DECODE_ATTENTION_BLOCKS} slots; the cache has {slots} '
+            '(ops.cache_slots rounds a cache up to them on a TPU)')
+  if q.shape[2] % cache_k.shape[1]:
+    return f'{q.shape[2]} query heads over {cache_k.shape[1]} kv heads'
+  if _registry.backend() == 'tpu':
+    return True
+  if _registry.forced_choice('cache_attention') == 'pallas':
+    return True          # Pallas' interpreter: tests on the CPU
+  return _registry.elsewhere(f'a TPU kernel (backend {_registry.backend()}; '
+                             'forced, it runs interpreted)')
+
+
 def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
                     mask_bts, index, *, scale: float,
                     qk_norm: tuple[jax.Array, jax.Array] | None = None,
                     norm_eps: float = 0.0,
                     rope: tuple[jax.Array, jax.Array] | None = None,
-                    sharded: bool = False):
+                    shard: tuple[Any, tuple[str, ...]] | None = None,
+                    head_axes: tuple[str, ...] = ()):
   """Writes T new keys / values into the cache at `index`, then attends over it.
 
   The cache is (keys [B, K, H, S], values [B, K, S, H]): batch and head axes
@@ -416,12 +473,15 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
       (every row), or [B] (each row its own: continuous batching).
     qk_norm: (w_q [H], w_k [H]) RMSNorm scales, or None; rope: (cos, sin)
       [B, T, 1, H/2] each, or None.
-    sharded: the arrays are sharded over a mesh (a custom call has no SPMD
-      rule, so the CPU kernel does not run).
+    shard: (mesh, the mesh axes the batch is split over) for a model on a
+      mesh (a custom call has no SPMD rule, so the CPU kernel does not run;
+      the Pallas kernel runs per shard in `shard_map`); head_axes: the mesh
+      axes the kv heads are split over.
 
   Returns:
     (out [B, T, N, H] in q's dtype, new cache keys, new cache values).
   """
+  sharded = shard is not None
   kernel = _cpu.kernel_enabled('cache_attention')
   if kernel is True and (cache_k_bkhs.dtype != jnp.float32 or
                          q_btnh.dtype != jnp.float32):
@@ -437,9 +497,10 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
   # 'xla_written' only when forced (--config.ops=cache_attention=xla_written):
   # on this CPU it ran 8 x slower than the whole-cache read at 4,096 slots
   # (docs/results/decode_cache_2026-12-03); unmeasured on accelerators.
+  pallas = _pallas_ok(cache_k_bkhs, q_btnh)
   name = _registry.pick(
-      'cache_attention', [('cpu_kernel', kernel), ('xla', True),
-                          ('xla_written', written)],
+      'cache_attention', [('pallas', pallas), ('cpu_kernel', kernel),
+                          ('xla', True), ('xla_written', written)],
       dtype=q_btnh.dtype, shape=f'cache {tuple(cache_k_bkhs.shape)}')
   if name == 'cpu_kernel':
     out, ck, cv = kernels.cache_attention(
@@ -447,6 +508,9 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
         index, scale=scale, qk_norm=qk_norm, norm_eps=norm_eps, rope=rope)
     return out.astype(q_btnh.dtype), ck, cv
   q, k = _norm_rope(q_btnh, k_new_btkh, qk_norm, norm_eps, rope)
+  if name == 'pallas':
+    return _cache_pallas(q, k, v_new_btkh, cache_k_bkhs, cache_v_bksh,
+                         mask_bts, index, scale, shard, head_axes)
   impl = _cache_written if name == 'xla_written' else _cache_xla
   return impl(q, k, v_new_btkh, cache_k_bkhs, cache_v_bksh, mask_bts, index,
               scale)
@@ -486,7 +550,7 @@ def prefill_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs,
     return cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs,
                            cache_v_bksh, mask_bts, index, scale=scale,
                            qk_norm=qk_norm, norm_eps=norm_eps, rope=rope,
-                           sharded=shard is not None)
+                           shard=shard)
   q, k = _norm_rope(q_btnh, k_new_btkh, qk_norm, norm_eps, rope)
   out = attention(q, k, v_new_btkh, scale=scale,
                   segment_ids=(segment_ids, segment_ids),

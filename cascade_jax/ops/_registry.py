@@ -49,7 +49,7 @@ class FallbackError(ValueError):
 IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
     'grouped_matmul': ('xla', 'tokamax'),
     'attention': ('xla', 'cudnn', 'tokamax', 'splash'),
-    'cache_attention': ('xla', 'cpu_kernel', 'xla_written'),
+    'cache_attention': ('xla', 'cpu_kernel', 'xla_written', 'pallas'),
     'prefill_attention': ('cache', 'fused'),
     'moe_decode': ('xla', 'cpu_kernel'),
     'argmax': ('xla', 'cpu_kernel'),
