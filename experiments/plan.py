@@ -88,7 +88,7 @@ def _write(c, costs):
       dict(zip(header, r), **{k: getattr(x, k) for k in (
           'platform', 'argument_bytes', 'output_bytes', 'temp_bytes',
           'alias_bytes', 'flops', 'bytes_accessed', 'compile_s',
-          'state_bytes', 'model_flops', 'step', 'variant', 'error')})
+          'state_bytes', 'model_flops', 'step', 'variant', 'error', 'ops')})
       for r, x in zip(rows, costs)])
   with open(os.path.join(_WORKDIR.value, 'table.txt'), 'w') as f:
     f.write(utils.format_table(header, rows) + '\n\n' + _LEGEND + '\n')

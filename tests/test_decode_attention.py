@@ -17,6 +17,7 @@ from cascade_jax import model
 from cascade_jax import ops
 from cascade_jax import rollout
 from cascade_jax.ops import _attention
+from cascade_jax.ops import _registry
 
 
 def _reference(q_bkmh, keys, values, mask_bms, scale):
@@ -79,8 +80,11 @@ def test_pallas_decode_attention_blocks_and_refusals():
   with ops.forced(cache_attention='pallas'):
     assert ops.cache_slots(100) == 128       # rounded up to its blocks
   assert ops.cache_slots(100) == 100         # CPU 'auto': as asked
-  assert isinstance(_attention._pallas_ok(jnp.zeros((1, 2, 4, 512)),  # pylint: disable=protected-access
-                                          jnp.zeros((1, 1, 4, 4))), str)
+  # Not a TPU: 'elsewhere', whatever the shape (strict mode passes it by).
+  for slots in (512, 100):
+    why = _attention._pallas_ok(jnp.zeros((1, 2, 4, slots)),  # pylint: disable=protected-access
+                                jnp.zeros((1, 1, 4, 4)))
+    assert isinstance(why, _registry.Elsewhere), why
   with ops.forced(cache_attention='pallas'):
     why = _attention._pallas_ok(jnp.zeros((1, 2, 4, 100)),  # pylint: disable=protected-access
                                 jnp.zeros((1, 1, 4, 4)))
@@ -111,6 +115,18 @@ def test_sampler_with_pallas_cache_attention_samples_what_xla_samples():
   np.testing.assert_array_equal(draws['pallas'].tokens, draws['xla'].tokens)
   np.testing.assert_allclose(draws['pallas'].logprobs, draws['xla'].logprobs,
                              atol=1e-5)
+
+
+def test_strict_sampler_on_the_cpu_is_not_a_fallback_from_the_tpu_kernel():
+  # Strict mode (the plan's) on the CPU: a cache that is no multiple of
+  # the kernel's blocks (here 5 + 20 slots) is not a fallback from it.
+  m = _small()
+  sc = rollout.SampleConfig(max_new_tokens=20, temperature=1.0)
+  jax.clear_caches()
+  with ops.strict_mode():
+    out = rollout.generate(m, [[3, 4, 5, 6, 7]], cfg=sc, stop_ids=1,
+                           key=jax.random.key(1))
+  assert out.tokens.shape == (1, 20)
 
 
 def test_continuous_batching_with_pallas_cache_attention_samples_what_xla_samples():

@@ -175,6 +175,10 @@ def test_plan_on_a_small_preset_reports_consistent_bytes():
   # as every group over every row, k x a dense product's FLOPs.)
   assert decode.flops > 0 and sft.flops > 50 * decode.flops
   assert sft.fits('v5p') and sft.fits('h200')
+  # What each step ran: a mesh's cache attention is XLA's on the CPU (the
+  # CPU kernel has no SPMD rule; the Pallas kernel is a TPU's).
+  assert 'attention=xla' in sft.ops.split(', '), sft.ops
+  assert 'cache_attention=xla' in decode.ops.split(', '), decode.ops
   header, rows = aot.table(costs)
   assert len(rows) == 2 and len(rows[0]) == len(header)
   # What is left of the chip beside the peak, per accelerator.

@@ -337,14 +337,18 @@ def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
   """
   n = ctx.mesh.size
   t0 = time.perf_counter()
+  ops.reset_selected()
   try:
     compiled, tokens, state_bytes = _compile(step, cfg, ctx, opt, shapes)
   except jax.errors.JaxRuntimeError as e:
     if 'RESOURCE_EXHAUSTED' not in str(e):
       raise
-    return _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name,
+    cost = _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name,
                           str(e), time.perf_counter() - t0)
+    cost.ops = picked_ops()
+    return cost
   dt = time.perf_counter() - t0
+  picked = picked_ops()
   mem = compiled.memory_analysis()
   if (step in SAMPLER_STEPS or cfg.layer_groups[0][1] == 1 or
       not cfg.scan_layers):
@@ -367,7 +371,16 @@ def compile_step(step: str, cfg, ctx, opt, shapes, platform: str, mesh_name,
       bytes_accessed=nbytes, compile_s=dt,
       state_bytes=state_bytes,
       model_flops=model_flops(step, cfg, tokens,
-                              attention_context(step, shapes)) / n)
+                              attention_context(step, shapes)) / n,
+      ops=picked)
+
+
+def picked_ops() -> str:
+  """What `ops.selected` recorded since its last reset, one entry an op:
+  'attention=splash, cache_attention=pallas, ...' (several: '/'-joined)."""
+  return ', '.join(
+      f'{op}=' + '/'.join(sorted({c.split(' ')[0] for c in choices}))
+      for op, choices in sorted(ops.selected().items()))
 
 
 def _out_of_memory(step, cfg, ctx, opt, shapes, platform, mesh_name, error,

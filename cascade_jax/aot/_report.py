@@ -43,6 +43,9 @@ class StepCost:
   # The compiler's whole message when it refused the step (its list of the
   # largest buffers included); `note` is its first sentence, for tables.
   error: str = ''
+  # The implementation each heavy op picked while the step was traced
+  # (`ops.selected`), e.g. 'attention=splash, cache_attention=pallas'.
+  ops: str = ''
 
   @property
   def peak_bytes(self) -> int:
@@ -82,7 +85,7 @@ def from_results(rows: list[dict]) -> list[StepCost]:
         **{k: r[k] for k in fields if k in r}, 'mesh': mesh,
         'devices': int(devices.rstrip(')')), 'step': r['step'],
         'tokens': r['tokens'], 'variant': r.get('variant', ''),
-        'error': r.get('error', '')}))
+        'error': r.get('error', ''), 'ops': r.get('ops', '')}))
   return out
 
 

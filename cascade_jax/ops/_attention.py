@@ -437,6 +437,10 @@ def _cache_pallas(q, k_new, v_new, cache_k, cache_v, mask_bts, index, scale,
 
 def _pallas_ok(cache_k, q) -> bool | str:
   """Whether the Pallas decode kernel takes this call, else why not."""
+  if (_registry.backend() != 'tpu' and
+      _registry.forced_choice('cache_attention') != 'pallas'):
+    return _registry.elsewhere(f'a TPU kernel (backend {_registry.backend()}; '
+                               'forced, it runs interpreted)')
   slots = cache_k.shape[3]
   if kernels.decode_attention_block(slots) is None:
     return (f'the Pallas decode kernel reads blocks of '
@@ -444,12 +448,7 @@ def _pallas_ok(cache_k, q) -> bool | str:
             '(ops.cache_slots rounds a cache up to them on a TPU)')
   if q.shape[2] % cache_k.shape[1]:
     return f'{q.shape[2]} query heads over {cache_k.shape[1]} kv heads'
-  if _registry.backend() == 'tpu':
-    return True
-  if _registry.forced_choice('cache_attention') == 'pallas':
-    return True          # Pallas' interpreter: tests on the CPU
-  return _registry.elsewhere(f'a TPU kernel (backend {_registry.backend()}; '
-                             'forced, it runs interpreted)')
+  return True    # elsewhere than a TPU: forced, in Pallas' interpreter
 
 
 def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
