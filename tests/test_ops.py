@@ -193,6 +193,36 @@ def test_a_tokamax_that_cannot_zero_the_rows_past_the_groups_is_not_picked(
   ops.reset_selected()
 
 
+def test_tpu_grouped_matmul_gives_tokamax_tiles_that_read_weights_less_often(
+    monkeypatch):
+  # On a TPU the grouped matmul hands tokamax's kernel 512-row tiles with k
+  # and n whole up to 1,024 (its default, 128 x 128 x 128 for a shape
+  # outside its tuned table, re-reads each expert's weights every 128 rows);
+  # a shape that is not in 128s keeps tokamax's own choice. The kernel
+  # itself runs only on a TPU: the call is captured here.
+  from cascade_jax.ops import _matmul  # pylint: disable=g-import-not-at-top
+  assert _matmul.tpu_tiles(262144, 2048, 768) == (512, 512, 768)
+  assert _matmul.tpu_tiles(262144, 768, 2048) == (512, 768, 1024)
+  assert _matmul.tpu_tiles(384, 2688, 1856) is None
+  assert _matmul.tpu_tiles(384, 2688, 1920) == (128, 128, 128)
+  assert _matmul.tpu_tiles(1024, 1024, 3072) == (512, 1024, 1024)
+  tokamax = _attention.tokamax_module()
+  seen = []
+  monkeypatch.setattr(_registry, 'backend', lambda: 'tpu')
+  monkeypatch.setattr(tokamax, 'ragged_dot', lambda *a, implementation=None,
+                      **k: seen.append(implementation) or jnp.zeros(
+                          (a[0].shape[0], a[1].shape[2]), jnp.float32))
+  sizes = jnp.array([300, 212], jnp.int32)
+  ops.grouped_matmul(jnp.ones((512, 2048)), jnp.ones((2, 2048, 768)), sizes)
+  cfg = seen[-1].config
+  assert (cfg.tile_m, cfg.tile_k, cfg.tile_n) == (512, 512, 768)
+  with ops.strict_mode():
+    ops.grouped_matmul(jnp.ones((384, 256)), jnp.ones((2, 256, 200)),
+                       jnp.array([100, 100], jnp.int32))
+  assert seen[-1] == 'mosaic'        # not in 128s: tokamax's own tiles
+  ops.reset_selected()
+
+
 @pytest.mark.parametrize('impl', ['xla', 'tokamax'])
 def test_ragged_moe_equals_dense_forward_and_grads(impl):
   # The dropless `ragged` dispatch over each grouped-matmul implementation:

@@ -48,6 +48,44 @@ def round_rows(m: int) -> int:
   return -(-m // t) * t
 
 
+def tpu_tiles(m: int, k: int, n: int) -> tuple[int, int, int] | None:
+  """(tile_m, tile_k, tile_n) for tokamax's TPU kernel on an [m, k] x [k, n]
+  grouped matmul, or None (its own choice) unless every dimension is a
+  multiple of 128.
+
+  The kernel reads an expert's [tile_k, tile_n] blocks again for every
+  tile_m rows and the rows again for every tile_n columns, and for shapes
+  outside its tuned table it takes 128 x 128 x 128 tiles: at 30B a
+  prefill's 262,144-row buffers read each expert's weights 2,048 times and
+  the rows 6 times a matmul (docs/results/plan_prefill_tiles_2026-12-05).
+  Here rows go 512 at a time and k and n whole up to 1,024 (else in 512 /
+  1,024 blocks), as the table's entries for Qwen3's expert shapes do with
+  rows 512 - 1,024: at most about 10 MB of VMEM, double-buffered.
+  """
+  if m % 128 or k % 128 or n % 128:
+    return None
+  tm = next(t for t in (512, 256, 128) if m % t == 0)
+  tk = k if k <= 1024 else next(t for t in (512, 256, 128) if k % t == 0)
+  tn = n if n <= 1024 else next(t for t in (1024, 512, 256, 128)
+                                 if n % t == 0)
+  return tm, tk, tn
+
+
+def _tpu_kernel(m: int, k: int, n: int):
+  """tokamax's TPU kernel with `tpu_tiles`, or None where they do not apply
+  (or this tokamax does not expose its config: its own choice then)."""
+  tiles = tpu_tiles(m, k, n)
+  if tiles is None:
+    return None
+  try:
+    # pylint: disable-next=g-import-not-at-top
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tpu
+    config = tpu.Config(tile_m=tiles[0], tile_k=tiles[1], tile_n=tiles[2])
+    return tpu.PallasMosaicTpuRaggedDot(config=config)
+  except (ImportError, AttributeError, TypeError):
+    return None
+
+
 @functools.cache
 def _zero_initializes() -> bool:
   """Whether tokamax's ragged_dot can zero the rows past the groups
@@ -87,6 +125,9 @@ def grouped_matmul(lhs_mk: jax.Array, rhs_gkn: jax.Array,
     # Strict: its Pallas kernel or an error (tokamax would otherwise take
     # XLA's ragged_dot on a shape its kernel refuses, silently).
     impl = 'mosaic' if accelerator and _registry.strict() else None
+    if _registry.backend() == 'tpu':
+      impl = _tpu_kernel(lhs_mk.shape[0], lhs_mk.shape[1],
+                         rhs_gkn.shape[2]) or impl
     # On GPU the rows past the groups zeroed, forward and in the VJP's
     # kernels (left uninitialized, they gave NaN gradients for batches with
     # padding on an H200). TPU's kernel: not seen on a TPU yet, unchanged.
