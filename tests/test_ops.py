@@ -214,8 +214,11 @@ def test_tpu_grouped_matmul_gives_tokamax_tiles_that_read_weights_less_often(
                           (a[0].shape[0], a[1].shape[2]), jnp.float32))
   sizes = jnp.array([300, 212], jnp.int32)
   ops.grouped_matmul(jnp.ones((512, 2048)), jnp.ones((2, 2048, 768)), sizes)
-  cfg = seen[-1].config
-  assert (cfg.tile_m, cfg.tile_k, cfg.tile_n) == (512, 512, 768)
+  tiles = lambda op: (op.config.tile_m, op.config.tile_k, op.config.tile_n)
+  assert tiles(seen[-1]) == (512, 512, 768)
+  # And its backward's: d lhs contracts n (768), d rhs the rows.
+  assert tiles(seen[-1].vjp.keywords['dlhs_ragged_dot']) == (512, 768, 1024)
+  assert tiles(seen[-1].vjp.keywords['drhs_ragged_dot']) == (512, 512, 768)
   with ops.strict_mode():
     ops.grouped_matmul(jnp.ones((384, 256)), jnp.ones((2, 256, 200)),
                        jnp.array([100, 100], jnp.int32))

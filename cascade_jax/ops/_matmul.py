@@ -60,7 +60,8 @@ def tpu_tiles(m: int, k: int, n: int) -> tuple[int, int, int] | None:
   the rows 6 times a matmul (docs/results/plan_prefill_tiles_2026-12-05).
   Here rows go 512 at a time and k and n whole up to 1,024 (else in 512 /
   1,024 blocks), as the table's entries for Qwen3's expert shapes do with
-  rows 512 - 1,024: at most about 10 MB of VMEM, double-buffered.
+  rows 512 - 1,024: at most about 10 MB of VMEM, double-buffered. The
+  backward's two kernels get the same rule over their own dimensions.
   """
   if m % 128 or k % 128 or n % 128:
     return None
@@ -74,14 +75,22 @@ def tpu_tiles(m: int, k: int, n: int) -> tuple[int, int, int] | None:
 def _tpu_kernel(m: int, k: int, n: int):
   """tokamax's TPU kernel with `tpu_tiles`, or None where they do not apply
   (or this tokamax does not expose its config: its own choice then)."""
-  tiles = tpu_tiles(m, k, n)
-  if tiles is None:
+  tiles, grad_in = tpu_tiles(m, k, n), tpu_tiles(m, n, k)
+  if tiles is None or grad_in is None:
     return None
   try:
-    # pylint: disable-next=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
+    from tokamax._src.ops.ragged_dot import base
     from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tpu
-    config = tpu.Config(tile_m=tiles[0], tile_k=tiles[1], tile_n=tiles[2])
-    return tpu.PallasMosaicTpuRaggedDot(config=config)
+    # pylint: enable=g-import-not-at-top
+    op = lambda t: tpu.PallasMosaicTpuRaggedDot(config=tpu.Config(
+        tile_m=t[0], tile_k=t[1], tile_n=t[2]))
+    # The backward's two kernels: d lhs [m, k] contracts n; d rhs [g, k, n]
+    # contracts the rows.
+    return tpu.PallasMosaicTpuRaggedDot(
+        config=tpu.Config(tile_m=tiles[0], tile_k=tiles[1], tile_n=tiles[2]),
+        vjp=functools.partial(base.vjp, dlhs_ragged_dot=op(grad_in),
+                              drhs_ragged_dot=op(tiles)))
   except (ImportError, AttributeError, TypeError):
     return None
 
