@@ -1,12 +1,11 @@
 """Per-domain time of a stage's evaluation: generation, scoring, episodes (run twice: compile, then warm)."""
-import sys, time, json
+import time
 import jax
 from absl import app, flags
 from ml_collections import config_flags
-from cascade_jax import cascade, train, rollout, domains
+from cascade_jax import cascade, train, domains
 from cascade_jax.rollout import _evaluate as ev
 from cascade_jax.rollout._sampler import SampleConfig
-from cascade_jax import sandbox as sandbox_lib
 
 _CFG = config_flags.DEFINE_config_file('config')
 flags.DEFINE_string('run', None, '')
@@ -25,7 +24,7 @@ def main(_):
       key = jax.random.key(rep)
       t0 = time.perf_counter()
       if ev._is_multi_turn(name):
-        sc = ev.episode_scores(model, tok, recs, temperature=config.eval_temperature, key=key,
+        ev.episode_scores(model, tok, recs, temperature=config.eval_temperature, key=key,
                                episodes=ev.episode_config(name, config.episodes.to_dict()))
         gen = time.perf_counter() - t0; score = 0.0
       else:

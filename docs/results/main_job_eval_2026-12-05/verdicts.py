@@ -1,5 +1,5 @@
 """Code and SWE eval verdicts of a stage: distinct programs, syntax errors, the sandbox's seconds (verdict cache cleared)."""
-import time, collections, ast
+import time, ast
 import jax
 from absl import app, flags
 from ml_collections import config_flags
