@@ -75,22 +75,24 @@ def tpu_tiles(m: int, k: int, n: int) -> tuple[int, int, int] | None:
 def _tpu_kernel(m: int, k: int, n: int):
   """tokamax's TPU kernel with `tpu_tiles`, or None where they do not apply
   (or this tokamax does not expose its config: its own choice then)."""
-  tiles, grad_in = tpu_tiles(m, k, n), tpu_tiles(m, n, k)
-  if tiles is None or grad_in is None:
+  tiles = tpu_tiles(m, k, n)
+  if tiles is None:
     return None
   try:
     # pylint: disable=g-import-not-at-top
     from tokamax._src.ops.ragged_dot import base
     from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tpu
     # pylint: enable=g-import-not-at-top
-    op = lambda t: tpu.PallasMosaicTpuRaggedDot(config=tpu.Config(
-        tile_m=t[0], tile_k=t[1], tile_n=t[2]))
-    # The backward's two kernels: d lhs [m, k] contracts n; d rhs [g, k, n]
-    # contracts the rows.
-    return tpu.PallasMosaicTpuRaggedDot(
-        config=tpu.Config(tile_m=tiles[0], tile_k=tiles[1], tile_n=tiles[2]),
-        vjp=functools.partial(base.vjp, dlhs_ragged_dot=op(grad_in),
-                              drhs_ragged_dot=op(tiles)))
+    config = lambda t: tpu.Config(tile_m=t[0], tile_k=t[1], tile_n=t[2])
+    # The backward's two kernels: d lhs [m, k] contracts n (its tiles: the
+    # same rule with k and n swapped, in 128s whenever these are); d rhs
+    # [g, k, n] contracts the rows.
+    grads = functools.partial(
+        base.vjp,
+        dlhs_ragged_dot=tpu.PallasMosaicTpuRaggedDot(
+            config=config(tpu_tiles(m, n, k))),
+        drhs_ragged_dot=tpu.PallasMosaicTpuRaggedDot(config=config(tiles)))
+    return tpu.PallasMosaicTpuRaggedDot(config=config(tiles), vjp=grads)
   except (ImportError, AttributeError, TypeError):
     return None
 
