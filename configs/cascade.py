@@ -251,6 +251,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # this size: it moves probability mass before it flips the argmax).
   c.eval_temperature = 1.0           # 0: greedy
   c.eval_samples = 2
+  # Where a stage is scored: 'inline' (after its training, in the cascade's
+  # process), 'process' (in an evaluation process while the next stages
+  # train: same scores, the wall time of the evaluations mostly hidden) or
+  # 'auto': 'process' on a single-process CPU run, else 'inline'.
+  c.eval_worker = 'auto'
   c.stages = ml_collections.ConfigDict()
 
   c.stages.sft = _stage('sft', sft_config.get_config('quick' if quick else None))

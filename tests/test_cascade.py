@@ -192,6 +192,24 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   assert again == records
   out = capsys.readouterr().out
   assert out.count('skipped') == 6 and 'warning' not in out
+  # The stages were scored in the evaluation process beside the training
+  # (eval_worker 'auto' on this single-process CPU run), with the scores
+  # this process gives the same checkpoint.
+  assert [r['scored_in'] for r in records] == [
+      'process', 'inline', 'inline', 'process', 'process', 'process']
+  evals = cascade.eval_sets(c)
+  inline = cascade.score_stage(
+      str(tmp_path / 'if_rl'), evals, temperature=c.eval_temperature,
+      samples=c.eval_samples, seed=c.seed, config=c)
+  assert inline == records[4]['scores']
+  # Killed after SFT's training but before its scores came back (the later
+  # stages were done): SFT's finished run is resumed, and scored again.
+  os.remove(tmp_path / 'sft' / 'stage.json')
+  again = cascade.run(c, str(tmp_path))
+  out = capsys.readouterr().out
+  assert out.count('skipped') == 5 and '[cascade] sft done in' in out
+  assert again[0]['scores'] == records[0]['scores']
+  assert again[1:] == records[1:]
   c.stages.if_rl.optim.lr = 1e-5     # a finished stage's config changed
   cascade.run(c, str(tmp_path))
   assert 'warning: if_rl was run with another config' in capsys.readouterr().out

@@ -22,12 +22,13 @@ from cascade_jax import domains
 from cascade_jax import ops
 from cascade_jax import reward_model
 from cascade_jax import rl
-from cascade_jax import rollout
 from cascade_jax import sft
 from cascade_jax import train
 from cascade_jax import utils
 from cascade_jax.cascade._plan import plan
 from cascade_jax.cascade._plan import Stage
+from cascade_jax.cascade import _scoring
+from cascade_jax.cascade._scoring import score_stage
 
 
 def stage_dir(workdir: str, name: str) -> str:
@@ -83,28 +84,14 @@ def eval_sets(config: ml_collections.ConfigDict) -> dict[str, list[dict]]:
           for d, recs in sft.eval_sets(c).items()}
 
 
-def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
-                samples: int = 1, seed: int = 0,
-                config: ml_collections.ConfigDict | None = None
-                ) -> dict[str, dict]:
-  """Every domain's eval split on the stage's final checkpoint (on the
-  cascade `config`'s mesh, when given)."""
-  ctx = None if config is None else train.mesh_ctx(config)
-  memory = None if config is None else train.memory_overrides(config)
-  _, model, tok = train.restore_run(run_dir, ctx=ctx, memory=memory)
-  episodes = None if config is None else config.get('episodes')
-  scores = rollout.evaluate_model(
-      model, tok, evals, temperature=temperature, samples=samples, seed=seed,
-      episodes=episodes.to_dict() if episodes else None)
-  return {d: dict(pass_rate=s.pass_rate, mean_reward=s.mean_reward, n=s.n,
-                 prompts=s.n // samples, pass_se=s.pass_se,
-                 prompt_pass=dict(s.prompt_pass),
-                 **(dict(by_check=dict(s.by_check)) if s.by_check else {}))
-          for d, s in scores.items()}
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
-  """Runs (or resumes) the cascade; returns every stage's record."""
+  """Runs (or resumes) the cascade; returns every stage's record.
+
+  A stage is scored inline after its training or, with `eval_worker`
+  'process' ('auto' on a single-process CPU run), in an evaluation process
+  while the next stages train (`cascade_jax.cascade._scoring`); its record
+  (`stage.json`) is written when its scores are in.
+  """
   stages = plan(config)
   if config.get('ops'):
     ops.configure(**ops.parse(config.ops))
@@ -115,63 +102,109 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2))
   evals = eval_sets(config)
-  records = []
+  records = {}
   t_start = time.perf_counter()
-  for i, st in enumerate(stages):
-    d = stage_dir(workdir, st.name)
-    done = os.path.join(d, 'stage.json')
-    head = (f'[cascade] stage {i + 1}/{len(stages)} {st.name} ({st.kind}'
-            + (f' from {st.init_from}' if st.init_from else '')
-            + (', branch' if st.branch else '') + ')')
-    c = runner_config(st, workdir, config.seed, config)
-    if os.path.exists(done):
-      with open(done) as f:
-        records.append(json.load(f))
-      print(f'{head}: done earlier, skipped')
-      if _changed(c, d):
-        print(f'[cascade] warning: {st.name} was run with another config than '
-              f'the current one (see {d}/config.json); delete {d} to redo it')
-      continue
-    print(f'{head}: running', flush=True)
-    t0 = time.perf_counter()
-    extra = {}
-    ops.reset_selected()
-    with utils.CompileCounter() as train_compiles:
-      if st.kind == 'sft':
-        sft.run(c, d)
-      elif st.kind == 'reward_model':
-        extra = reward_model.train_run(c, d)
-      elif st.kind == 'judge':
-        extra = dict(judge=reward_model.judge_train_run(c, d))
-      else:
-        rl.run(c, d)
-    train_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with utils.CompileCounter() as eval_compiles:
-      scores = {} if st.kind in ('reward_model', 'judge') else score_stage(
-          d, evals, temperature=config.eval_temperature,
-          samples=config.eval_samples, seed=config.seed, config=config)
-    rec = dict(name=st.name, kind=st.kind, init_from=st.init_from,
-               branch=st.branch, teachers=st.teachers,
-               reward_model=st.reward_model, domains=_domains(st),
-               train_s=train_s, eval_s=time.perf_counter() - t0,
+  scoring = _scoring.make(config, evals)
+  if isinstance(scoring, _scoring.ProcessScoring):
+    _settle_cpu_kernels()
+
+  def finish(name: str, trained: dict, result: dict) -> None:
+    rec = dict(trained, eval_s=result['eval_s'],
                eval=dict(temperature=config.eval_temperature,
                          samples=config.eval_samples),
-               scores=scores, ops=ops.selected(),
-               compiles=dict(train=train_compiles.stats(),
-                             eval=eval_compiles.stats()), **extra)
+               scores=result['scores'],
+               ops=_merged(trained.pop('ops'), result['ops']),
+               compiles=dict(train=trained.pop('train_compiles'),
+                             eval=result['compiles']))
+    rec['scored_in'] = trained.get('scored_in', 'inline')
+    done = os.path.join(stage_dir(workdir, name), 'stage.json')
     if train.is_main_process():
       with open(done + '.tmp', 'w') as f:
         json.dump(rec, f, indent=2)
       os.replace(done + '.tmp', done)  # a stage is done only once this exists
-    _barrier(f'cascade: {st.name} done')
-    records.append(rec)
+    _barrier(f'cascade: {name} done')
+    records[name] = rec
     n_comp = sum(x['compiles'] for x in rec['compiles'].values())
-    print(f'[cascade] {st.name} done in {train_s:.0f}s (+{rec["eval_s"]:.0f}s '
-          f'eval; {n_comp} compiles, '
+    print(f'[cascade] {name} done in {rec["train_s"]:.0f}s (+'
+          f'{rec["eval_s"]:.0f}s eval'
+          + (' beside the training' if rec['scored_in'] == 'process' else '')
+          + f'; {n_comp} compiles, '
           f'{utils.compile_seconds(rec["compiles"]):.0f}s of it); '
           f'{time.perf_counter() - t_start:.0f}s so far', flush=True)
-  return records
+
+  trained_now = {}
+  try:
+    for i, st in enumerate(stages):
+      d = stage_dir(workdir, st.name)
+      head = (f'[cascade] stage {i + 1}/{len(stages)} {st.name} ({st.kind}'
+              + (f' from {st.init_from}' if st.init_from else '')
+              + (', branch' if st.branch else '') + ')')
+      c = runner_config(st, workdir, config.seed, config)
+      if os.path.exists(os.path.join(d, 'stage.json')):
+        with open(os.path.join(d, 'stage.json')) as f:
+          records[st.name] = json.load(f)
+        print(f'{head}: done earlier, skipped')
+        if _changed(c, d):
+          print(f'[cascade] warning: {st.name} was run with another config '
+                f'than the current one (see {d}/config.json); delete {d} to '
+                'redo it')
+        continue
+      print(f'{head}: running', flush=True)
+      t0 = time.perf_counter()
+      extra = {}
+      ops.reset_selected()
+      with utils.CompileCounter() as train_compiles:
+        if st.kind == 'sft':
+          sft.run(c, d)
+        elif st.kind == 'reward_model':
+          extra = reward_model.train_run(c, d)
+        elif st.kind == 'judge':
+          extra = dict(judge=reward_model.judge_train_run(c, d))
+        else:
+          rl.run(c, d)
+      trained = dict(name=st.name, kind=st.kind, init_from=st.init_from,
+                     branch=st.branch, teachers=st.teachers,
+                     reward_model=st.reward_model, domains=_domains(st),
+                     train_s=time.perf_counter() - t0, ops=ops.selected(),
+                     train_compiles=train_compiles.stats(), **extra)
+      if st.kind in ('reward_model', 'judge'):    # scored by its own run
+        finish(st.name, trained, _NOT_SCORED)
+      else:
+        if isinstance(scoring, _scoring.ProcessScoring):
+          trained['scored_in'] = 'process'
+          print(f'[cascade] {st.name} trained in {trained["train_s"]:.0f}s; '
+                'scoring it in the evaluation process', flush=True)
+        trained_now[st.name] = trained
+        scoring.submit(st.name, d)
+      for name, result in scoring.ready():
+        finish(name, trained_now.pop(name), result)
+    for name, result in scoring.ready(wait=True):
+      finish(name, trained_now.pop(name), result)
+  finally:
+    scoring.close()
+  return [records[st.name] for st in stages]
+
+
+_NOT_SCORED = dict(scores={}, eval_s=0.0, ops={},
+                   compiles=dict(compiles=0, compile_s=0.0, trace_s=0.0,
+                                 cache_hits=0))
+
+
+def _merged(a: dict[str, list[str]], b: dict[str, list[str]]
+            ) -> dict[str, list[str]]:
+  """Two `ops.selected()` tables as one."""
+  return {op: sorted(set(a.get(op, ())) | set(b.get(op, ())))
+          for op in sorted(set(a) | set(b))}
+
+
+def _settle_cpu_kernels() -> None:
+  """The CPU kernels' calibration, here and first: it times the sampler's
+  decode step, which an evaluation process running beside this one would
+  slow, and both processes must make the same choice (it is cached)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.default_backend() == 'cpu':
+    for op in ops.CPU_KERNEL_OPS:
+      ops.cpu_kernel_enabled(op)
 
 
 def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,

@@ -47,6 +47,7 @@ from cascade_jax.ops._matmul import row_tile
 from cascade_jax.ops._ssd import ssd
 from cascade_jax.ops._ssd import ssd_step
 from cascade_jax.ops._registry import configure
+from cascade_jax.ops._registry import configured
 from cascade_jax.ops._registry import elsewhere
 from cascade_jax.ops._registry import FallbackError
 from cascade_jax.ops._registry import forced

@@ -151,6 +151,14 @@ def forced(**choices: str) -> Iterator[None]:
       _forced.update(before)
 
 
+def configured() -> dict:
+  """This process's forced choices and strict mode: {'choices': {op: name},
+  'strict': bool}, for a process it starts (`configure(**choices)`,
+  `set_strict(strict)` there)."""
+  with _lock:
+    return dict(choices=dict(_forced), strict=_strict[0])
+
+
 def forced_choice(op: str) -> str:
   """The implementation `op` is forced to, or 'auto'."""
   _check(op, AUTO)

@@ -139,7 +139,11 @@ def cascade_report(workdir: str, records: Sequence[dict],
         '`compile s`: the stage\'s seconds of XLA compiles, tracing and '
         'lowering, training and evaluation together (part of its train and '
         'eval seconds). '
-        '`mismatch max`: the largest |log pi_learner - log pi_sampler| over '
+        + ('`eval s` ran in an evaluation process beside the next stages\' '
+           'training (`eval_worker`), so the stage times overlap and add up '
+           'to more than the wall time. '
+           if any(r.get('scored_in') == 'process' for r in records) else '')
+        + '`mismatch max`: the largest |log pi_learner - log pi_sampler| over '
         'the response tokens of any step of an RL stage (on-policy: float '
         'rounding only).', '', '## What each stage changed', '',
         'Against the stage it started from (its `from`):', '',

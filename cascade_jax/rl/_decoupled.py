@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cascade_jax import utils
 from cascade_jax.rl._batch import RLBatch
 
 
@@ -245,7 +246,7 @@ class ProcessRollouts:
                first=step + len(pending), floor=step, position=position,
                k=self.k,
                steps=self.steps, cpus=self.cpus,
-               settings=_jax_settings())
+               settings=utils.jax_settings())
     self._proc = ctx.Process(target=_worker_main, args=(job, self._to,
                                                         self._from),
                              name='cascade-rl-sampler', daemon=True)
@@ -317,26 +318,12 @@ class ProcessRollouts:
     self._proc = None
 
 
-def _jax_settings() -> dict:
-  """The learner's JAX settings the sampler process takes: the compilation
-  cache, and the CPU device count where set in-process (not by XLA_FLAGS,
-  which the process inherits)."""
-  names = ('jax_compilation_cache_dir',
-           'jax_persistent_cache_min_compile_time_secs', 'jax_num_cpu_devices')
-  out = {k: getattr(jax.config, k, None) for k in names}
-  if out['jax_num_cpu_devices'] is not None and out['jax_num_cpu_devices'] < 0:
-    del out['jax_num_cpu_devices']
-  return out
-
-
 def _worker_main(job: dict, inbox, outbox) -> None:
   """The sampler process: weights in, one step's rollouts out, in order."""
   try:
     if job['cpus']:
       os.sched_setaffinity(0, set(job['cpus']))   # before XLA starts
-    for k, v in job['settings'].items():
-      if v is not None:
-        jax.config.update(k, v)
+    utils.apply_jax_settings(job['settings'])
     _worker_loop(job, inbox, outbox)
   except BaseException:  # pylint: disable=broad-except
     outbox.put(('error', traceback.format_exc()))

@@ -5,7 +5,9 @@ from cascade_jax.utils._bench import time_fn
 from cascade_jax.utils._bench import write_results
 from cascade_jax.utils._compiles import compile_seconds
 from cascade_jax.utils._compiles import CompileCounter
+from cascade_jax.utils._logs import apply_jax_settings
 from cascade_jax.utils._logs import enable_compilation_cache
+from cascade_jax.utils._logs import jax_settings
 from cascade_jax.utils._logs import quiet_logs
 from cascade_jax.utils._distributed import cluster_environment
 from cascade_jax.utils._distributed import initialize as initialize_distributed

@@ -37,3 +37,25 @@ def enable_compilation_cache() -> str | None:
   jax.config.update('jax_compilation_cache_dir', path)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
   return path
+
+
+_CHILD_SETTINGS = ('jax_compilation_cache_dir',
+                   'jax_persistent_cache_min_compile_time_secs',
+                   'jax_num_cpu_devices')
+
+
+def jax_settings() -> dict:
+  """This process's JAX settings a helper process it spawns must take: the
+  compilation cache, and the CPU device count where set in-process (not by
+  XLA_FLAGS, which a child inherits). Apply with `apply_jax_settings`."""
+  out = {k: getattr(jax.config, k, None) for k in _CHILD_SETTINGS}
+  if out['jax_num_cpu_devices'] is not None and out['jax_num_cpu_devices'] < 0:
+    del out['jax_num_cpu_devices']
+  return out
+
+
+def apply_jax_settings(settings: dict) -> None:
+  """In a spawned process, before its first JAX computation."""
+  for k, v in settings.items():
+    if v is not None:
+      jax.config.update(k, v)
