@@ -11,7 +11,8 @@ which the evaluation then fills (`config.eval_worker`):
   (a multi-host run, and an accelerator run, whose devices the training
   holds);
 - 'process': scored in order, one stage at a time, by one evaluation
-  process started at the first stage to score; the cascade writes a
+  process (at a lower priority, `NICE`) started at the first stage to
+  score; the cascade writes a
   stage's record (`stage.json`) when its scores arrive and waits for the
   last before its report;
 - 'auto' (the default): 'process' on a single-process CPU run, else
@@ -40,6 +41,10 @@ from cascade_jax import train
 from cascade_jax import utils
 
 WORKERS = ('auto', 'inline', 'process')
+# The evaluation process's niceness: the training is the run's critical
+# path, so the scheduler gives it the cores first and the evaluation what
+# the training leaves idle (compiles, rewards, sandbox runs, host steps).
+NICE = 10
 
 
 def score_stage(run_dir: str, evals, *, temperature: float = 0.0,
@@ -201,6 +206,7 @@ class ProcessScoring:
 def _worker_main(job: dict, inbox, outbox) -> None:
   """The evaluation process: a stage's directory in, its scores out."""
   try:
+    os.nice(NICE)
     utils.apply_jax_settings(job['settings'])
     ops.configure(**job['ops']['choices'])
     ops.set_strict(job['ops']['strict'])

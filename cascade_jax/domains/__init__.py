@@ -4,6 +4,10 @@ A new domain is one module defining `DOMAIN = Domain(...)` plus one line in
 `_ALL` below.
 """
 
+import collections
+import copy
+import json
+
 from cascade_jax.domains import code
 from cascade_jax.domains import instruction_following
 from cascade_jax.domains import long_context
@@ -53,6 +57,27 @@ for _d in _ALL:
   register(_d)
 
 
+_GENERATED: collections.OrderedDict = collections.OrderedDict()
+_KEEP = 24   # the last generated sets kept (the main job's SFT uses 9)
+
+
 def generate(domain: str, *, split: str, n: int, seed: int = 0, **options):
-  """Records of a generated domain, e.g. generate('math', split='eval', n=512)."""
-  return get(domain).generate(split=split, n=n, seed=seed, **options)
+  """Records of a generated domain, e.g. generate('math', split='eval', n=512).
+
+  Generation is a function of its arguments, and an SFT stage asks for the
+  same sets twice (its tokenizer's corpus, then its data: 10 s of the main
+  job's set-up): the last sets are kept and each call gets its own copy.
+  """
+  dom = get(domain)
+  try:
+    key = (domain, id(dom), split, n, seed,
+           json.dumps(options, sort_keys=True))
+  except TypeError:     # options that are not JSON: not kept
+    return dom.generate(split=split, n=n, seed=seed, **options)
+  if key not in _GENERATED:
+    _GENERATED[key] = (dom, dom.generate(split=split, n=n, seed=seed,
+                                         **options))
+    while len(_GENERATED) > _KEEP:
+      _GENERATED.popitem(last=False)
+  _GENERATED.move_to_end(key)
+  return copy.deepcopy(_GENERATED[key][1])
