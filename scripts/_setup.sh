@@ -14,12 +14,3 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "$want" > "$stamp"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
-# glibc's malloc backs its large blocks with transparent huge pages where the
-# kernel allows them ("madvise" mode): XLA's CPU runtime allocates each
-# program's temporaries anew at every call (about 455 MB a step of the main
-# job's SFT), and with 4 kB pages every call faulted them in again. On a
-# 2-core EPYC, 100 SFT steps and their evaluation: 14.3 M page faults -> 1.5 M,
-# system time 39.8 s -> 29.3 s, wall 118 s -> 112 s
-# (docs/results/main_job_eval_worker_2026-12-05). A value you set is kept.
-export GLIBC_TUNABLES="${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1}"
-
