@@ -147,3 +147,44 @@ def test_continuous_batching_with_pallas_cache_attention_samples_what_xla_sample
   np.testing.assert_array_equal(draws['pallas'].tokens, draws['xla'].tokens)
   np.testing.assert_allclose(draws['pallas'].logprobs, draws['xla'].logprobs,
                              atol=1e-5)
+
+
+def test_prefill_through_the_pallas_cache_attention_keeps_kv_heads_split():
+  # The prefill's 'cache' path (the CPU's choice, and continuous batching's
+  # on a TPU) hands the kv heads' mesh axes to the kernel's shard_map: on a
+  # batch x tensor mesh with the cache's kv heads split over `tensor`,
+  # nothing is gathered; the values equal the one-device call's.
+  from cascade_jax import sharding  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(dict(data=4, tensor=2))
+  b, t, kh, g, h, s = 4, 3, 2, 2, 16, 128
+  rng = np.random.default_rng(1)
+  f32 = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+  q, k, v = f32(b, t, kh * g, h), f32(b, t, kh, h), f32(b, t, kh, h)
+  ck, cv = jnp.zeros((b, kh, h, s)), jnp.zeros((b, kh, s, h))
+  pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+  seg = jnp.ones((b, t), jnp.int32)
+  mask = ops.attention_mask(pos, seg, jnp.where(jnp.arange(s) < t,
+                                                jnp.arange(s), 0)[None],
+                            (jnp.arange(s) < t).astype(jnp.int32)[None])
+  named = lambda *spec: jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec(*spec))
+  args = (jax.device_put(q, named('data', None, 'tensor')),
+          jax.device_put(k, named('data', None, 'tensor')),
+          jax.device_put(v, named('data', None, 'tensor')),
+          jax.device_put(ck, named('data', 'tensor')),
+          jax.device_put(cv, named('data', 'tensor')),
+          jax.device_put(mask, named('data')))
+
+  def prefill(*a, head_axes):
+    return ops.prefill_attention(
+        *a, jnp.int32(0), scale=h ** -0.5, segment_ids=seg, positions=pos,
+        shard=(mesh, ('data',)), head_axes=head_axes)
+
+  with ops.forced(prefill_attention='cache', cache_attention='pallas'):
+    want = jax.jit(lambda *a: prefill(*a, head_axes=()))(*args)
+    f = jax.jit(lambda *a: prefill(*a, head_axes=('tensor',)))
+    got = f(*args)
+    hlo = f.lower(*args).compile().as_text()
+  for x, y in zip(got, want):
+    np.testing.assert_allclose(x, y, atol=1e-5)
+  assert 'all-gather' not in hlo

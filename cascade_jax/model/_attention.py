@@ -95,7 +95,9 @@ class Attention(nnx.Module):
             qk_norm=norm, norm_eps=cfg.norm_eps,
             rope=rope_cs if cfg.use_rope else None,
             shard=None if self.ctx is None else (
-                self.ctx.mesh, self.ctx.mesh_axes('batch')))
+                self.ctx.mesh, self.ctx.mesh_axes('batch')),
+            head_axes=() if self.ctx is None else self.ctx.mesh_axes(
+                'kv_heads'))
       else:
         out, *new_kv = ops.cache_attention(
             q, kk, v, *kv_cache, mask_bts, cache_index, scale=h ** -0.5,

@@ -521,7 +521,8 @@ def prefill_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs,
                       qk_norm: tuple[jax.Array, jax.Array] | None = None,
                       norm_eps: float = 0.0,
                       rope: tuple[jax.Array, jax.Array] | None = None,
-                      shard: tuple[Any, tuple[str, ...]] | None = None):
+                      shard: tuple[Any, tuple[str, ...]] | None = None,
+                      head_axes: tuple[str, ...] = ()):
   """`cache_attention` into a cache that holds nothing yet (the sampler's
   prefill of new prompts): the same result and cache.
 
@@ -534,7 +535,9 @@ def prefill_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs,
   cache is small and the main job's numerics stay as they were.
 
   Args: as `cache_attention`; `segment_ids`, `positions` [B, T]: the new
-  tokens' (0: padding); `shard` as `attention`'s. `index` must be one slot
+  tokens' (0: padding); `shard` as `attention`'s; `head_axes` as
+  `cache_attention`'s (the 'cache' path's Pallas kernel keeps the kv heads
+  split over them instead of gathering them). `index` must be one slot
   for every row ([]), and the slots before it empty.
   """
   fused = True if not jnp.ndim(index) else (
@@ -549,7 +552,7 @@ def prefill_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs,
     return cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs,
                            cache_v_bksh, mask_bts, index, scale=scale,
                            qk_norm=qk_norm, norm_eps=norm_eps, rope=rope,
-                           shard=shard)
+                           shard=shard, head_axes=head_axes)
   q, k = _norm_rope(q_btnh, k_new_btkh, qk_norm, norm_eps, rope)
   out = attention(q, k, v_new_btkh, scale=scale,
                   segment_ids=(segment_ids, segment_ids),
