@@ -256,6 +256,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # train: same scores, the wall time of the evaluations mostly hidden) or
   # 'auto': 'process' on a single-process CPU run, else 'inline'.
   c.eval_worker = 'auto'
+  # The CPU cores the evaluation process is pinned to ('1', '2,3'; '': any).
+  c.eval_cpus = ''
   c.stages = ml_collections.ConfigDict()
 
   c.stages.sft = _stage('sft', sft_config.get_config('quick' if quick else None))

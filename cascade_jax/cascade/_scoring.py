@@ -95,11 +95,31 @@ def worker_kind(config: ml_collections.ConfigDict) -> str:
   return kind
 
 
+def eval_cpus(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """`config.eval_cpus` ('1' or '2,3'): the cores the evaluation process
+  is pinned to; () for any."""
+  spec = str(config.get('eval_cpus', '') or '')
+  try:
+    cpus = tuple(int(c) for c in spec.split(',') if c.strip())
+  except ValueError:
+    raise ValueError(f'eval_cpus: {spec!r} is not a comma-separated list of '
+                     'CPU numbers') from None
+  missing = set(cpus) - os.sched_getaffinity(0)
+  if missing:
+    raise ValueError(f'eval_cpus: CPUs {sorted(missing)} are not among this '
+                     f'process\'s {sorted(os.sched_getaffinity(0))}')
+  return cpus
+
+
 def make(config: ml_collections.ConfigDict, evals):
   """The cascade's evaluator for `config.eval_worker`."""
+  cpus = eval_cpus(config)
   if worker_kind(config) == 'inline':
+    if cpus:
+      raise ValueError("eval_cpus pins the evaluation process: it needs "
+                       "eval_worker='process' (or 'auto' on a CPU run)")
     return InlineScoring(config, evals)
-  return ProcessScoring(config, evals)
+  return ProcessScoring(config, evals, cpus=cpus)
 
 
 class InlineScoring:
@@ -129,8 +149,10 @@ class ProcessScoring:
   is an error, not a hang).
   """
 
-  def __init__(self, config, evals, timeout_s: float = 3600.0):
+  def __init__(self, config, evals, timeout_s: float = 3600.0,
+               cpus: tuple[int, ...] = ()):
     self.config, self.evals, self.timeout_s = config, evals, timeout_s
+    self.cpus = cpus
     self._proc = None
     self._waiting: list[str] = []
 
@@ -138,7 +160,8 @@ class ProcessScoring:
     ctx = multiprocessing.get_context('spawn')
     self._to, self._from = ctx.Queue(), ctx.Queue()
     job = dict(config=self.config.to_dict(), evals=self.evals,
-               settings=utils.jax_settings(), ops=ops.configured())
+               settings=utils.jax_settings(), ops=ops.configured(),
+               cpus=self.cpus)
     self._proc = ctx.Process(target=_worker_main,
                              args=(job, self._to, self._from),
                              name='cascade-eval', daemon=True)
@@ -207,6 +230,8 @@ def _worker_main(job: dict, inbox, outbox) -> None:
   """The evaluation process: a stage's directory in, its scores out."""
   try:
     os.nice(NICE)
+    if job['cpus']:
+      os.sched_setaffinity(0, set(job['cpus']))   # before XLA starts
     utils.apply_jax_settings(job['settings'])
     ops.configure(**job['ops']['choices'])
     ops.set_strict(job['ops']['strict'])
