@@ -254,7 +254,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Where a stage is scored: 'inline' (after its training, in the cascade's
   # process), 'process' (in an evaluation process while the next stages
   # train: same scores, the wall time of the evaluations mostly hidden) or
-  # 'auto': 'process' on a single-process CPU run, else 'inline'.
+  # 'auto': 'process' on a single-process CPU run whose evaluation samples
+  # at least 64 responses a domain (this one; not :quick), else 'inline'.
   c.eval_worker = 'auto'
   # The CPU cores the evaluation process is pinned to ('1', '2,3'; '': any).
   c.eval_cpus = ''

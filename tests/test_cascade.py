@@ -124,6 +124,7 @@ def _laptop(c):
 def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   c = _laptop(cascade_config.get_config('quick'))
   c.order = 'sft,rm,judge,rlhf_branch,if_rl,mopd'
+  c.eval_worker = 'process'   # the main job's ('auto' there); quick: inline
   c.stages.mopd.teachers = dict(math='sft', instruction_following='if_rl',
                                 multi_domain='', preference='rlhf_branch')
   c.stages.mopd.data.domain = 'math,instruction_following,preference'
@@ -193,15 +194,10 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   out = capsys.readouterr().out
   assert out.count('skipped') == 6 and 'warning' not in out
   # The stages were scored in the evaluation process beside the training
-  # (eval_worker 'auto' on this single-process CPU run), with the scores
-  # this process gives the same checkpoint.
+  # (test_a_killed_stage_resumes checks that this process scores SFT's
+  # checkpoint to the same per-prompt results).
   assert [r['scored_in'] for r in records] == [
       'process', 'inline', 'inline', 'process', 'process', 'process']
-  evals = cascade.eval_sets(c)
-  inline = cascade.score_stage(
-      str(tmp_path / 'if_rl'), evals, temperature=c.eval_temperature,
-      samples=c.eval_samples, seed=c.seed, config=c)
-  assert inline == records[4]['scores']
   # Killed after SFT's training but before its scores came back (the later
   # stages were done): SFT's finished run is resumed, and scored again.
   os.remove(tmp_path / 'sft' / 'stage.json')
@@ -268,10 +264,38 @@ def test_quick_cascade_on_the_hybrid_model(tmp_path):
     cascade.plan(c)
 
 
+def test_an_evaluation_process_failure_names_the_stage(tmp_path):
+  from cascade_jax.cascade import _scoring  # pylint: disable=g-import-not-at-top
+  # 'auto': the main job's evaluation (256 prompts x 2) in a process of its
+  # own on this CPU, the quick cascade's (8 x 2) inline.
+  assert _scoring.worker_kind(cascade_config.get_config()) == 'process'
+  assert _scoring.worker_kind(cascade_config.get_config('quick')) == 'inline'
+  c = _laptop(cascade_config.get_config('quick'))
+  c.eval_worker = 'sometimes'
+  with pytest.raises(ValueError, match="eval_worker: 'sometimes'"):
+    _scoring.make(c, {})
+  c.eval_worker, c.eval_cpus = 'inline', '0'
+  with pytest.raises(ValueError, match='eval_cpus pins'):
+    _scoring.make(c, {})
+  c.eval_worker, c.eval_cpus = 'process', '0,x'
+  with pytest.raises(ValueError, match='not a comma-separated list'):
+    _scoring.make(c, {})
+  c.eval_cpus = ''
+  scoring = _scoring.make(c, cascade.eval_sets(c))
+  assert isinstance(scoring, _scoring.ProcessScoring)
+  try:
+    scoring.submit('ghost', str(tmp_path / 'no_such_stage'))
+    with pytest.raises(RuntimeError, match='failed while scoring ghost'):
+      scoring.ready(wait=True)
+  finally:
+    scoring.close()
+
+
 @pytest.mark.slow  # ~90 s: CI runs it; the quick cascade test resumes past finished stages by default
 def test_a_killed_stage_resumes(tmp_path, monkeypatch):
   c = _laptop(cascade_config.get_config('quick'))
   c.order = 'sft,if_rl'
+  c.eval_worker = 'process'
   cascade.run(c, str(tmp_path / 'first'))
   # Each stage records its model; stage paths are relative to the cascade.
   assert json.load(open(tmp_path / 'first' / 'if_rl' / 'model.json')) == (
@@ -301,6 +325,7 @@ def test_a_killed_stage_resumes(tmp_path, monkeypatch):
       str(tmp_path / 'again'), cascade.eval_sets(c),
       temperature=c.eval_temperature, samples=c.eval_samples, seed=c.seed)
   for r in rows:   # the start's scores are the ones the cascade recorded
+    # (scored in its evaluation process; rerun_stage scores in this one)
     before = records[0]['scores'][r['domain']]
     assert r['before'] == before['pass_rate']
     assert r['after'] == after[r['domain']]['pass_rate']

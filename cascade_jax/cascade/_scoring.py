@@ -15,8 +15,9 @@ which the evaluation then fills (`config.eval_worker`):
   score; the cascade writes a
   stage's record (`stage.json`) when its scores arrive and waits for the
   last before its report;
-- 'auto' (the default): 'process' on a single-process CPU run, else
-  'inline'.
+- 'auto' (the default): 'process' on a single-process CPU run whose
+  evaluation is large enough to pay for a process (`AUTO_MIN_SAMPLES`),
+  else 'inline'.
 
 Both score with the same function on the same checkpoint, prompts and
 sampling keys, so they give the same scores (tested). A cascade killed
@@ -41,6 +42,12 @@ from cascade_jax import train
 from cascade_jax import utils
 
 WORKERS = ('auto', 'inline', 'process')
+# 'auto' takes the process when a domain's evaluation samples at least this
+# many responses (eval_n x eval_samples; the main job: 512). The process
+# costs its start (imports) and compiles the evaluation's programs apart
+# from the training's: the recipe notebook's quick cascade (8 prompts x 2)
+# took 117 s with it in the test suite, against 88 s inline.
+AUTO_MIN_SAMPLES = 64
 # The evaluation process's niceness: the training is the run's critical
 # path, so the scheduler gives it the cores first and the evaluation what
 # the training leaves idle (compiles, rewards, sandbox runs, host steps).
@@ -90,8 +97,10 @@ def worker_kind(config: ml_collections.ConfigDict) -> str:
         "eval_worker='process' scores beside a single-process run; this run "
         f"has {jax.process_count()} processes (use eval_worker='inline')")
   if kind == 'auto':
+    samples = int(config.get('eval_n', 0)) * int(config.get('eval_samples', 1))
     kind = ('process' if jax.process_count() == 1
-            and jax.default_backend() == 'cpu' else 'inline')
+            and jax.default_backend() == 'cpu'
+            and samples >= AUTO_MIN_SAMPLES else 'inline')
   return kind
 
 
@@ -175,8 +184,9 @@ class ProcessScoring:
 
   def ready(self, wait: bool = False) -> list[tuple[str, dict]]:
     """The stages scored since the last call, in order; `wait`: block
-    until every submitted stage is scored."""
-    out = []
+    until every submitted stage is scored (an error if no scores come for
+    `timeout_s`)."""
+    out, t0 = [], time.monotonic()
     while self._waiting:
       try:
         msg = self._from.get(timeout=1.0 if wait else 0.0)
@@ -188,7 +198,10 @@ class ProcessScoring:
               f'{", ".join(self._waiting)}') from None
         if not wait:
           break
-        self._check_timeout()
+        if time.monotonic() - t0 > self.timeout_s:
+          raise TimeoutError(
+              f'cascade: no scores for {self._waiting[0]} from the '
+              f'evaluation process in {self.timeout_s:.0f} s') from None
         continue
       if msg[0] == 'error':
         raise RuntimeError('cascade: the evaluation process failed while '
@@ -198,31 +211,15 @@ class ProcessScoring:
         raise RuntimeError(f'cascade: scores for {name}, expected '
                            f'{self._waiting[0]} first')
       self._waiting.pop(0)
-      self._since = time.monotonic()
       out.append((name, rec))
+      t0 = time.monotonic()
     return out
 
-  def _check_timeout(self) -> None:
-    since = getattr(self, '_since', None)
-    if since is None:
-      self._since = since = time.monotonic()
-    if time.monotonic() - since > self.timeout_s:
-      raise TimeoutError(f'cascade: no scores for {self._waiting[0]} from '
-                         f'the evaluation process in {self.timeout_s:.0f} s')
-
   def close(self) -> None:
-    """Stops the evaluation process (it finishes no further stage)."""
+    """Stops the evaluation process (it scores no further stage)."""
     if self._proc is None:
       return
-    if self._proc.is_alive():
-      self._to.put(('stop',))
-      self._proc.join(30)
-      if self._proc.is_alive():
-        self._proc.terminate()
-        self._proc.join()
-    for q in (self._to, self._from):
-      q.cancel_join_thread()
-      q.close()
+    utils.stop_process(self._proc, self._to, self._from)
     self._proc = None
 
 

@@ -301,20 +301,7 @@ class ProcessRollouts:
     can exit), then ends it if it has not within 30 s."""
     if self._proc is None:
       return
-    if self._proc.is_alive():
-      self._to.put(('stop',))
-      deadline = time.monotonic() + 30
-      while self._proc.is_alive() and time.monotonic() < deadline:
-        try:
-          self._from.get(timeout=0.1)
-        except queue.Empty:
-          pass
-      if self._proc.is_alive():
-        self._proc.terminate()
-      self._proc.join()
-    for q in (self._to, self._from):
-      q.cancel_join_thread()
-      q.close()
+    utils.stop_process(self._proc, self._to, self._from)
     self._proc = None
 
 

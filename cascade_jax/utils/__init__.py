@@ -11,4 +11,5 @@ from cascade_jax.utils._logs import jax_settings
 from cascade_jax.utils._logs import quiet_logs
 from cascade_jax.utils._distributed import cluster_environment
 from cascade_jax.utils._distributed import initialize as initialize_distributed
+from cascade_jax.utils._process import stop_process
 from cascade_jax.utils._provenance import provenance
