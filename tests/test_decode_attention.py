@@ -129,6 +129,7 @@ def test_strict_sampler_on_the_cpu_is_not_a_fallback_from_the_tpu_kernel():
   assert out.tokens.shape == (1, 20)
 
 
+@pytest.mark.slow  # ~17 s, the TPU kernel in Pallas' interpreter (the sampler's draws with it: test_sharding's inference-layout test): CI runs it
 def test_continuous_batching_with_pallas_cache_attention_samples_what_xla_samples():
   # Continuous batching writes a slot a row (`index` [B]): each row reads
   # its own written blocks.

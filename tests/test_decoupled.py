@@ -94,6 +94,7 @@ def test_staleness_drops_rollouts_older_than_the_bound():
   assert out.inputs.shape == b.inputs.shape and out.domains == b.domains
 
 
+@pytest.mark.slow  # ~40 s, not the default (max_staleness 0 runs the synchronous loop, tested throughout): CI runs it
 def test_decoupled_process_at_staleness_0_equals_the_synchronous_loop(
     sft_dir, tmp_path):
   sync = _run(sft_dir, tmp_path / 'sync', 'inline', 0)

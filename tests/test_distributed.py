@@ -25,6 +25,7 @@ def _env():
   return env
 
 
+@pytest.mark.slow  # ~36 s, not the default (one process): CI runs it
 def test_two_process_sharded_step_equals_single_process(tmp_path):
   ref_path, dist_path = tmp_path / 'ref.npz', tmp_path / 'dist.npz'
   port = _free_port()

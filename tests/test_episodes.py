@@ -157,6 +157,7 @@ def _mismatch(m, eps):
   return met
 
 
+@pytest.mark.slow  # ~16 s, not the default model (the hybrid): CI runs it
 def test_hybrid_models_step_their_mamba_states_over_the_empty_slots(setup):
   # The hybrid main job's model ('ME*E': Mamba-2, MoE, attention, MoE):
   # its Mamba states skip the slots that other rows' longer replies and

@@ -162,6 +162,7 @@ def test_judge_stage_trains_and_serves_as_reward(quick_sft_run, tmp_path):
   assert fn.last_dropped == 0.0
 
 
+@pytest.mark.slow  # ~17 s, not the default (RLHF's reward is the Bradley-Terry RM): CI runs it
 def test_rl_stage_learns_from_the_judge(quick_sft_run, tmp_path):
   # RLHF steps with the judge as their reward: on-policy, nothing dropped,
   # the reward a win rate, and the policy moved by it.

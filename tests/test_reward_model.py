@@ -67,6 +67,7 @@ def test_exact_scores_do_not_depend_on_the_batch(tok):
   assert float(info['router']['dropped'].max()) > 0
 
 
+@pytest.mark.slow  # ~28 s: CI runs it; the quick cascade test trains and scores the RM stage
 def test_learns_to_prefer_the_chosen_response(tok):
   rm = reward_model.RewardModel(
       model.Transformer(model.tiny(vocab_size=tok.vocab_size),
