@@ -110,6 +110,10 @@ def main(depths, weight_layout):
             f'GB', flush=True)
   lo, hi = depths[0], depths[-1]
   for name in ('stacked', 'unstacked'):
+    if lo == hi:
+      b, a = rows[(lo, name)]
+      print(f'{name:>9}: {b / a:.2f} x the arguments')
+      continue
     (b0, a0), (b1, a1) = rows[(lo, name)], rows[(hi, name)]
     slope, arg_slope = (b1 - b0) / (hi - lo), (a1 - a0) / (hi - lo)
     at48 = b0 + (48 - lo) * slope
