@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,21 +143,33 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     np.testing.assert_array_equal(a, b)   # bit-identical on CPU
 
 
-def test_checkpoint_that_does_not_fit_is_refused(tmp_path):
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  """A finished 3-step quick SFT run (its checkpoint at step 3), made once
+  for the tests that refuse to continue it (each continues a copy)."""
+  run = tmp_path_factory.mktemp('sft_finished')
   sft.run(_quick(**{'steps': 3, 'eval_n': 0, 'checkpoint_every': 3}),
-          str(tmp_path))
+          str(run))
+  return run
+
+
+def _copy(run, tmp_path):
+  shutil.copytree(run, tmp_path / 'run')
+  return str(tmp_path / 'run')
+
+
+@pytest.mark.xdist_group('sft_finished_run')
+def test_checkpoint_that_does_not_fit_is_refused(finished_run, tmp_path):
   bigger = _quick(**{'steps': 6, 'eval_n': 0})
   bigger.model.overrides.embed_dim = 32
   with pytest.raises(ValueError, match='does not fit the model'):
-    sft.run(bigger, str(tmp_path))
+    sft.run(bigger, _copy(finished_run, tmp_path))
 
 
-@pytest.mark.slow  # ~25 s: CI runs it; the quick cascade scores every stage through restore_run by default
-def test_restore_run_reads_the_latest_weights_only(tmp_path):
-  sft.run(_quick(**{'steps': 3, 'eval_n': 0, 'checkpoint_every': 3}),
-          str(tmp_path))
-  _, saved = _final_params(str(tmp_path))
-  cfg, restored, tok = train.restore_run(str(tmp_path))
+@pytest.mark.xdist_group('sft_finished_run')
+def test_restore_run_reads_the_latest_weights_only(finished_run):
+  _, saved = _final_params(str(finished_run))
+  cfg, restored, tok = train.restore_run(str(finished_run))
   flat = lambda tree: {jax.tree_util.keystr(p).replace("'", ''): np.asarray(v)
                        for p, v in jax.tree_util.tree_leaves_with_path(tree)}
   got, want = flat(nnx.state(restored, nnx.Param).to_pure_dict()), flat(saved)
@@ -168,12 +181,13 @@ def test_restore_run_reads_the_latest_weights_only(tmp_path):
   other = model.Transformer(cfg.replace(embed_dim=32, head_dim=8),
                             rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='does not fit the model'):
-    train.restore_latest(other, str(tmp_path))
+    train.restore_latest(other, str(finished_run))
 
 
-def test_tokenizer_that_does_not_match_the_model_is_refused(tmp_path):
-  sft.run(_quick(**{'steps': 2, 'eval_n': 0}), str(tmp_path))
-  other = _quick(**{'steps': 2, 'eval_n': 0})
+@pytest.mark.xdist_group('sft_finished_run')
+def test_tokenizer_that_does_not_match_the_model_is_refused(finished_run,
+                                                            tmp_path):
+  other = _quick(**{'steps': 6, 'eval_n': 0})
   other.model.overrides.vocab_size = 600
   with pytest.raises(ValueError, match='tokenizer has 512 tokens'):
-    sft.run(other, str(tmp_path / '..' / tmp_path.name))
+    sft.run(other, _copy(finished_run, tmp_path))
