@@ -146,7 +146,8 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
 @pytest.fixture(scope='module')
 def finished_run(tmp_path_factory):
   """A finished 3-step quick SFT run (its checkpoint at step 3), made once
-  for the tests that refuse to continue it (each continues a copy)."""
+  per xdist worker for the tests that read it or refuse to continue it
+  (each continues a copy)."""
   run = tmp_path_factory.mktemp('sft_finished')
   sft.run(_quick(**{'steps': 3, 'eval_n': 0, 'checkpoint_every': 3}),
           str(run))
@@ -158,7 +159,6 @@ def _copy(run, tmp_path):
   return str(tmp_path / 'run')
 
 
-@pytest.mark.xdist_group('sft_finished_run')
 def test_checkpoint_that_does_not_fit_is_refused(finished_run, tmp_path):
   bigger = _quick(**{'steps': 6, 'eval_n': 0})
   bigger.model.overrides.embed_dim = 32
@@ -166,7 +166,6 @@ def test_checkpoint_that_does_not_fit_is_refused(finished_run, tmp_path):
     sft.run(bigger, _copy(finished_run, tmp_path))
 
 
-@pytest.mark.xdist_group('sft_finished_run')
 def test_restore_run_reads_the_latest_weights_only(finished_run):
   _, saved = _final_params(str(finished_run))
   cfg, restored, tok = train.restore_run(str(finished_run))
@@ -184,7 +183,6 @@ def test_restore_run_reads_the_latest_weights_only(finished_run):
     train.restore_latest(other, str(finished_run))
 
 
-@pytest.mark.xdist_group('sft_finished_run')
 def test_tokenizer_that_does_not_match_the_model_is_refused(finished_run,
                                                             tmp_path):
   other = _quick(**{'steps': 6, 'eval_n': 0})
