@@ -80,11 +80,8 @@ def _batch(kind, tok, recs, agentic, m, c):
                     reward_fn=lambda r, _: np.arange(len(r)) % 3)[0]
 
 
-# ~40 s each, not the default (rl.micro_batches=1): CI runs them.
-@pytest.mark.parametrize('kind', [pytest.param('grpo', marks=pytest.mark.slow),
-                                  pytest.param('mopd', marks=pytest.mark.slow),
-                                  pytest.param('episodes',
-                                               marks=pytest.mark.slow)])
+@pytest.mark.slow  # grpo ~40 s, not the default (rl.micro_batches=1): CI runs them
+@pytest.mark.parametrize('kind', ['grpo', 'mopd', 'episodes'])
 def test_micro_batches_give_the_same_update(setup, kind):
   # One optimizer step over 32 rollouts, its gradient in 1, 2 or 4
   # micro-batches: the same objective (every micro-batch's loss divides by
