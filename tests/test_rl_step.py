@@ -356,7 +356,10 @@ def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
   before = jax.tree.map(np.asarray, state.params)
   sampler = sync.model(state)
   sp = jax.tree.leaves(nnx.state(sampler, nnx.Param))
-  lp = jax.tree.leaves(state.params)
+  # The copy holds each layer's weights as arrays of their own.
+  assert model.has_layer_arrays(nnx.state(sampler, nnx.Param))
+  lp = jax.tree.leaves(model.split_layers(state.params))
+  assert len(sp) == len(lp)
   # bf16, but for the router, which the model holds in fp32 at any dtype.
   routers = {id(x) for x in jax.tree.leaves(
       nnx.state(sampler, lambda path, _: 'router_de' in path))}

@@ -314,9 +314,14 @@ def test_weight_sync_to_the_inference_layout_gathers_no_weight(dtype):
   sm = sampler.model(state)
   assert sampler.last_sync_s > 0
   params = nnx.state(sm, nnx.Param)
-  # The model at `dtype` (its router pinned to fp32), in the inference rules.
-  _, want, _ = rl.sampler_state(cfg, dtype, ctx.for_inference(8))
-  for got, w in zip(jax.tree.leaves(params), jax.tree.leaves(want)):
+  # The model at `dtype` (its router pinned to fp32), in the inference
+  # rules, each layer's weights an array of their own.
+  want = model.split_layers(rl.sampler_state(cfg, dtype,
+                                             ctx.for_inference(8))[1])
+  assert model.has_layer_arrays(params)
+  assert len(jax.tree.leaves(params)) == len(jax.tree.leaves(want))
+  for got, w in zip(jax.tree.leaves(params), jax.tree.leaves(want),
+                    strict=True):
     assert got.sharding.is_equivalent_to(w.sharding, got.ndim)
     assert got.dtype == w.dtype
   assert sm.moe_layers()[0].w_up_edf[...].dtype == jnp.dtype(dtype)

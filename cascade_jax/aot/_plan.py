@@ -224,13 +224,15 @@ def _weight_layout(ctx, shapes) -> str:
 
 
 def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None,
-                      weight_layout='default'):
+                      weight_layout='default', layer_arrays=False):
+  """The sampler's prefill or decode step on its weights as the weight sync
+  writes them: in `weight_layout`, and one array a layer (`layer_arrays`)
+  where the sync copies them (`rl.sampler_tree`)."""
   model = train.abstract_model(cfg, model_ctx or ctx)
   graph, state = nnx.split(model)
-  if weight_layout == 'decode':   # as the weight sync writes them
-    state = jax.tree.map(
-        lambda a, f: _sds(a.shape, a.dtype, f), state,
-        rl.weight_formats(state))
+  state = rl.sampler_tree(
+      state, rl.weight_formats(state) if weight_layout == 'decode' else None,
+      layer_arrays=layer_arrays)
   cache = _abstract_cache(cfg, ctx, rows, length)
   t = prompt if which == 'prefill' else 1
   tokens = _rows(ctx, {'tokens': (rows, t)}, {})['tokens']
@@ -269,10 +271,15 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
     return _abstract_sync(cfg, ctx, shapes) + (0,)
   rows = shapes['rollout_rows']
   model_ctx = _sampler_ctx(cfg, ctx, shapes)
+  weight_layout = _weight_layout(ctx, shapes)
+  learner = nnx.split(train.abstract_model(cfg, ctx), nnx.Param, ...)[1:]
   cfg = _sampler_cfg(cfg, shapes)
+  target = rl.sampler_state(cfg, cfg.param_dtype, model_ctx)[1:]
+  copied = rl.sync_copies(learner, target, (
+      rl.weight_formats(target) if weight_layout == 'decode' else None))
   return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
                            shapes['cache_len'], step, model_ctx,
-                           _weight_layout(ctx, shapes)) + (
+                           weight_layout, copied) + (
                                rows * (shapes['prompt_len'] if step == 'prefill'
                                        else 1),)
 

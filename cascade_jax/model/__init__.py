@@ -29,6 +29,13 @@ from cascade_jax.model._dispatch import overflow_chunks
 from cascade_jax.model._dispatch import receive_rows
 from cascade_jax.model._dispatch import quarter_power_ceil
 from cascade_jax.model._dispatch import replay_capacity
+from cascade_jax.model._layer_arrays import has_layer_arrays
+from cascade_jax.model._layer_arrays import is_layered
+from cascade_jax.model._layer_arrays import layer_part
+from cascade_jax.model._layer_arrays import LayerArrays
+from cascade_jax.model._layer_arrays import split_layers
+from cascade_jax.model._layer_arrays import split_layers_like
+from cascade_jax.model._layer_arrays import stack_layers
 from cascade_jax.model._layers import activation
 from cascade_jax.model._layers import is_gated
 from cascade_jax.model._layers import Mlp

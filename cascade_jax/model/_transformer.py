@@ -22,6 +22,7 @@ from cascade_jax.model._config import MAMBA
 from cascade_jax.model._config import MLP
 from cascade_jax.model._config import ModelConfig
 from cascade_jax.model._config import MOE
+from cascade_jax.model._layer_arrays import stack_layers
 from cascade_jax.model._layers import Mlp
 from cascade_jax.model._layers import param
 from cascade_jax.model._layers import RMSNorm
@@ -284,7 +285,10 @@ class Transformer(nnx.Module):
         replay = None
         if stack.unit[j] == MOE and expert_idx_lbtk is not None:
           replay = expert_idx_lbtk[len(routers)]
-        layer = jax.tree.map(lambda a: a[k], state)
+        # Layer k of each variable: a slice of its [L, ...] array, or its
+        # own array where the weights are held a layer at a time.
+        layer = jax.tree.map(lambda v, k=k: v.replace(v.get_value()[k]),
+                             state, is_leaf=_is_var)
         fn = functools.partial(_block_fn, graph, moe, self.ctx)
         x, stats = _remat(self.cfg.remat, fn)(layer, x, replay, shared)
         if stats is not None:
@@ -300,6 +304,7 @@ class Transformer(nnx.Module):
     """
     unit, n = stack.unit, stack.repeats
     graphs, stacked = zip(*(nnx.split(blk) for blk in stack.blocks))
+    stacked = [stack_layers(s) for s in stacked]   # a layer at a time: one copy
     m = unit.count(MOE)
     replay = (None if expert_idx_lbtk is None else
               expert_idx_lbtk.reshape(n, m, *expert_idx_lbtk.shape[1:]))

@@ -35,11 +35,13 @@ from cascade_jax.rl._learner import teacher_rows
 from cascade_jax.rl._learner import update
 from cascade_jax.rl._stage import domain_options
 from cascade_jax.rl._stage import run
+from cascade_jax.rl._sync import copies as sync_copies
 from cascade_jax.rl._sync import embed_minor
 from cascade_jax.rl._sync import inference_layout
 from cascade_jax.rl._sync import resolve_weight_layout
 from cascade_jax.rl._sync import sampler_ctx
 from cascade_jax.rl._sync import sampler_state
+from cascade_jax.rl._sync import sampler_tree
 from cascade_jax.rl._sync import SamplerWeights
 from cascade_jax.rl._sync import sync_fn
 from cascade_jax.rl._sync import weight_formats

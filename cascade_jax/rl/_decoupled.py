@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cascade_jax import model as model_lib
 from cascade_jax import utils
 from cascade_jax.rl._batch import RLBatch
 
@@ -201,8 +202,10 @@ def _weights(sampler, state) -> tuple[list[np.ndarray], float]:
   t0 = time.perf_counter()
   model = sampler.model(state)
   _, params, rest = nnx.split(model, nnx.Param, ...)
-  leaves = jax.device_get(jax.tree.leaves((params, rest)))
-  return [np.asarray(x) for x in leaves], time.perf_counter() - t0
+  # One array a layer (the weight sync's layout; a learner's stacked arrays,
+  # where nothing was copied, split on the host), as `sampler_side` takes them.
+  tree = model_lib.split_layers(jax.device_get((params, rest)))
+  return [np.asarray(x) for x in jax.tree.leaves(tree)], time.perf_counter() - t0
 
 
 class ProcessRollouts:

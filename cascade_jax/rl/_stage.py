@@ -24,6 +24,7 @@ from flax import nnx
 
 from cascade_jax import domains
 from cascade_jax import metrics as metrics_lib
+from cascade_jax import model as model_lib
 from cascade_jax import reward_model
 from cascade_jax import rollout
 from cascade_jax import train
@@ -282,7 +283,7 @@ def sampler_side(config, workdir: str):
   """What a sampler process builds from the stage's config, as the stage
   does: (collect (model, step), prompt stream, model of the weights the
   learner sends (host arrays, `jax.tree.leaves((params, rest))` of the
-  sampler's copy))."""
+  sampler's copy, one array a layer: `model.split_layers`))."""
   # The learner's mesh and the sampler's layout on it, as the stage's
   # inline sampler has them (the same programs, so the same draws).
   ctx = train.mesh_ctx(config)
@@ -295,8 +296,8 @@ def sampler_side(config, workdir: str):
   rewards = _rewards(config, setup, data.domains, rc)
   graph, params, rest = sampler_state(
       cfg, rc.sampler_dtype, sampler_ctx(cfg, ctx, rc.sampler_layout))
-  target = jax.tree.leaves((params, rest))
-  treedef = jax.tree.structure((params, rest))
+  tree = model_lib.split_layers((params, rest))   # one array a layer
+  target, treedef = jax.tree.flatten(tree)
 
   def model_of(leaves):
     p, r = jax.tree.unflatten(treedef, [

@@ -20,8 +20,15 @@ the loss corrects only for the dtype (`RLConfig.correction`).
   decode step's matmuls otherwise re-lay out from the learner's layout on
   every step (Qwen3-30B-A3B at 32 chips: 35.4 -> 30.6 GB of HBM accessed
   a decode step, docs/results/plan_decode_layouts_2026-12-04).
+- in memory, each stacked layer weight as one array per layer
+  (`model.LayerArrays`): a program then reads a layer's weights as a
+  buffer of their own, where XLA copies a slice of a stacked array out
+  wherever an operation needs one (on TPU the MoE layer's conditional;
+  Qwen3-30B-A3B's decode step 19.58 -> 14.51 GB of HBM a chip,
+  docs/results/plan_decode_bytes_2026-12-05).
 A sampler in a process of its own (`rl.rollout_worker='process'`,
-`rl._decoupled`) is sent this copy as host arrays after each update.
+`rl._decoupled`) is sent this copy as host arrays after each update, one
+array a layer.
 """
 
 from __future__ import annotations
@@ -110,13 +117,40 @@ def weight_formats(target, default_sharding=None):
   return jax.tree_util.tree_map_with_path(fmt, target)
 
 
-def sync_fn(target, formats=None):
+def copies(learner, target, formats=None, *, moves: bool | None = None
+           ) -> bool:
+  """Whether the sampler needs a copy of the `learner`'s (params, rest) to
+  read them as `target` (abstract) in `formats`: a weight is wider than the
+  sampler's model holds it, a placement differs (`moves`, computed from
+  the shardings where not given), or `formats` lays them out."""
+  narrows = any(
+      jnp.issubdtype(x.dtype, jnp.floating) and
+      x.dtype.itemsize > t.dtype.itemsize
+      for x, t in zip(jax.tree.leaves(learner), jax.tree.leaves(target)))
+  if moves is None:
+    moves = not all(
+        getattr(t, 'sharding', None) is None or
+        x.sharding.is_equivalent_to(t.sharding, x.ndim)
+        for x, t in zip(jax.tree.leaves(learner), jax.tree.leaves(target)))
+  return narrows or moves or formats is not None
+
+
+def sync_fn(target, formats=None, *, layer_arrays: bool = True):
   """The weight sync as one jitted function of the learner's (params, rest):
   each leaf narrowed to `target`'s dtype where that is narrower (never
   widened) and placed with its sharding (`target`: abstract (params, rest)
   such as `sampler_state`'s; one without shardings, as on one device,
   keeps every leaf's placement), or written in `formats` (`weight_formats`)
-  where given."""
+  where given.
+
+  With `layer_arrays` (the default) each stacked layer weight is written as
+  one array per layer (`model.LayerArrays`, each in its layer's part of the
+  sharding and format): the sampler's programs then read a layer's weights
+  as a buffer of their own, where a slice of a stacked array is copied
+  wherever an operation needs one (on TPU, the MoE layer's conditional:
+  Qwen3-30B-A3B's decode step 19.58 -> 14.51 GB of HBM a chip,
+  docs/results/plan_decode_bytes_2026-12-05). `sampler_tree` is its output.
+  """
   def leaf(x, t):
     if (jnp.issubdtype(x.dtype, jnp.floating) and
         jnp.issubdtype(t.dtype, jnp.floating) and
@@ -129,8 +163,22 @@ def sync_fn(target, formats=None):
   else:
     out = (None if None in shardings else
            jax.tree.map(lambda t: t.sharding, target))
-  return jax.jit(lambda tree: jax.tree.map(leaf, tree, target),
-                 out_shardings=out)
+  split = ((lambda t: model_lib.split_layers_like(t, target))
+           if layer_arrays else (lambda t: t))
+  return jax.jit(lambda tree: split(jax.tree.map(leaf, tree, target)),
+                 out_shardings=None if out is None else split(out))
+
+
+def sampler_tree(target, formats=None, *, layer_arrays: bool = True):
+  """What `sync_fn(target, formats, layer_arrays=...)` writes, abstract:
+  `target`'s ShapeDtypeStructs in `formats` where given, each stacked layer
+  weight as one per layer where `layer_arrays`. What the sampler's programs
+  take (the plan compiles them on it)."""
+  if formats is not None:
+    target = jax.tree.map(
+        lambda t, f: jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=f),
+        target, formats)
+  return model_lib.split_layers(target) if layer_arrays else target
 
 
 class SamplerWeights:
@@ -175,11 +223,6 @@ class SamplerWeights:
         params, rest = jax.tree.map(
             lambda t: jax.ShapeDtypeStruct(t.shape, t.dtype),
             (params, rest))
-      narrows = any(
-          jnp.issubdtype(x.dtype, jnp.floating) and
-          x.dtype.itemsize > t.dtype.itemsize
-          for x, t in zip(jax.tree.leaves(state.params),
-                          jax.tree.leaves(params)))
       moves = ctx is not None and not all(
           x.sharding.is_equivalent_to(t.sharding, x.ndim)
           for x, t in zip(jax.tree.leaves((state.params, state.rest)),
@@ -192,7 +235,8 @@ class SamplerWeights:
             (params, rest), jax.sharding.SingleDeviceSharding(
                 jax.devices()[0]) if ctx is None else None)
       self._plan = (graph if moves else self.graph,
-                    narrows or moves or formats is not None,
+                    copies((state.params, state.rest), (params, rest),
+                           formats, moves=moves),
                     sync_fn((params, rest), formats))
     return self._plan
 
