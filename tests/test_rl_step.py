@@ -15,6 +15,7 @@ from cascade_jax import domains
 from cascade_jax import model
 from cascade_jax import rl
 from cascade_jax import rollout
+from cascade_jax import sharding
 from cascade_jax import train
 from cascade_jax.rl import _batch as rl_batch
 
@@ -392,3 +393,49 @@ def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
   # The learner's own weights were not touched by the sync.
   jax.tree.map(np.testing.assert_array_equal, before,
                jax.tree.map(np.asarray, state.params))
+
+
+def test_continuous_sample_slots_collect_what_a_key_a_rollout_draws(setup):
+  # rl.sample_slots: a single-turn step's rollouts decode a few rows at a
+  # time (continuous batching), a key a rollout. The batch is the fixed
+  # batch's with the same keys (`generate_padded` given a key a row), row
+  # for row: tokens, masks, routing, log-probs.
+  tok, recs, _ = setup
+  _, policy = _policy(tok)
+  with pytest.raises(ValueError, match='sample_slots'):
+    rl.RLConfig(sample_slots=-1)
+  recs = [dict(r, messages=[{'role': 'user', 'content': c}])
+          for r, c in zip(recs, ['write letters', 'a b', 'abc cab bca',
+                                 'aaa bbb ccc d e'] * 2)]
+  c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
+                  max_new_tokens=12, dynamic_filtering=False,
+                  overlong='none', sample_slots=5)
+  key = jax.random.key(4)
+  batch, stats = rl.collect(policy, tok, rl.PromptStream(recs), c, key,
+                            reward_fn=lambda r, _: np.arange(len(r)) % 3)
+  # collect's first round samples with split(key)[1], a key a rollout.
+  stream = rl.PromptStream(recs)
+  rows = [r for r in stream.take(4) for _ in range(4)]
+  ptoks, plens = rollout.pad_prompts(
+      [data.encode_prompt(tok, r['messages']) for r in rows], 1, tok.pad_id,
+      width=stream.prompt_width(tok))
+  sub = jax.random.split(key)[1]
+  ro = rollout.generate_padded(policy, ptoks, plens, cfg=c.sample_config,
+                               stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+                               key=jax.random.split(sub, 16),
+                               record_experts=True)
+  want = rl.from_rollout(ptoks, plens, sharding.to_host(ro),
+                         np.arange(16) % 3)
+  lengths = np.asarray(ro.mask).sum(1)
+  assert lengths.min() < lengths.max(), lengths   # rows end apart
+  for name in ('inputs', 'targets', 'mask', 'segment_ids', 'positions'):
+    np.testing.assert_array_equal(getattr(batch, name), getattr(want, name),
+                                  err_msg=name)
+  # The routing of every position the learner's loss reads: a row's last
+  # token (its stop token) is never fed to the continuous sampler (zeros),
+  # while the fixed batch feeds it as long as another row runs; no target
+  # or later position reads it, and past it is padding (segment 0).
+  read = want.segment_ids > 0
+  read[np.arange(len(read)), read.shape[1] - 1 - np.argmax(read[:, ::-1], 1)] = False
+  np.testing.assert_array_equal(batch.expert_idx[read], want.expert_idx[read])
+  np.testing.assert_allclose(batch.sampler_logp, want.sampler_logp, atol=1e-5)

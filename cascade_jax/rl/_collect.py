@@ -194,11 +194,19 @@ def _sample_replies(policy, tok, stream, recs, cfg: RLConfig, key, reward_fn,
   t0 = time.perf_counter()
   # Exactly the stream's width: rounding a batch's longest prompt up to a
   # bucket could exceed it, and each such step compiled twice more.
-  ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id,
-                                     width=stream.prompt_width(tok))
-  ro = rollout.generate_padded(policy, ptoks, plens, cfg=cfg.sample_config,
-                               stop_ids=tok.stop_ids, pad_id=tok.pad_id,
-                               key=key, record_experts=cfg.routing_replay)
+  width = stream.prompt_width(tok)
+  ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id, width=width)
+  if cfg.sample_slots:   # continuous batching, a key a rollout
+    ro = rollout.generate_continuous(
+        policy, prompts,
+        cfg=dataclasses.replace(cfg.sample_config, prompt_bucket=1),
+        stop_ids=tok.stop_ids, slots=min(cfg.sample_slots, len(prompts)),
+        pad_id=tok.pad_id, keys=jax.random.split(key, len(prompts)),
+        record_experts=cfg.routing_replay, prompt_width=width)
+  else:
+    ro = rollout.generate_padded(policy, ptoks, plens, cfg=cfg.sample_config,
+                                 stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+                                 key=key, record_experts=cfg.routing_replay)
   ro = sharding.to_host(ro)          # the rollouts' one way out
   stats['sample_s'] += time.perf_counter() - t0
   t0 = time.perf_counter()

@@ -126,6 +126,14 @@ class RLConfig:
   # ('1' or '2,3'; '': any).
   rollout_worker: str = 'inline'
   rollout_cpus: str = ''
+  # Continuous batching (`rollout.generate_continuous`, one device): a
+  # single-turn step's rollouts decode `sample_slots` rows at a time, a
+  # row whose reply ends taking the next waiting prompt, each rollout with
+  # a key of its own (`rollout.row_keys`: its tokens do not depend on the
+  # rows beside it). 0: the step's rollouts in one fixed batch, decoded
+  # until the longest reply ends. Episode stages sample each turn in a
+  # fixed batch either way.
+  sample_slots: int = 0
 
   def episode_config(self, domain_names: Sequence[str]
                      ) -> rollout.EpisodeConfig:
@@ -194,6 +202,9 @@ class RLConfig:
     if self.max_staleness < 0:
       raise ValueError(f'rl.max_staleness must be >= 0, got '
                        f'{self.max_staleness}')
+    if self.sample_slots < 0:
+      raise ValueError(f'rl.sample_slots must be >= 0 (0: one fixed batch), '
+                       f'got {self.sample_slots}')
     if self.rollout_worker not in ROLLOUT_WORKERS:
       raise ValueError(f'rl.rollout_worker: {self.rollout_worker!r} not in '
                        f'{ROLLOUT_WORKERS}')

@@ -218,7 +218,8 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
                         pad_id: int = 0, keys: jax.Array | None = None,
                         refill: int | None = None,
                         record_experts: bool = False,
-                        stats: dict | None = None) -> _sampler.Rollout:
+                        stats: dict | None = None,
+                        prompt_width: int = 0) -> _sampler.Rollout:
   """Samples one continuation per prompt, `slots` rows at a time, refilled as rows end.
 
   Args:
@@ -233,6 +234,8 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
       least 1. Fewer prefills of more rows, against rows left idle longer.
     stats: if a dict, gets `steps` (decode steps), `refills` (prefill
       calls) and `row_steps` (live row-steps) of this call.
+    prompt_width: prompts left-padded to at least this width (`pad_prompts`'
+      `width`: a run's longest prompt, so that every call has one shape).
 
   Returns:
     A `Rollout` of R rows in the order of `prompts`, equal to `generate`'s
@@ -245,7 +248,7 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
     raise ValueError(f'generate_continuous: slots must be >= 1, got {slots}')
   r = len(prompts)
   tokens_rp, lengths_r = _sampler.pad_prompts(prompts, cfg.prompt_bucket,
-                                              pad_id)
+                                              pad_id, width=prompt_width)
   p = tokens_rp.shape[1]
   tokens_rp, lengths_r = jax.device_put((tokens_rp, lengths_r))
   keys = jax.random.split(jax.random.key(0), r) if keys is None else keys
