@@ -165,10 +165,7 @@ def sync_fn(target, formats=None, *, layer_arrays: bool = True):
            jax.tree.map(lambda t: t.sharding, target))
   split = ((lambda t: model_lib.split_layers_like(t, target))
            if layer_arrays else (lambda t: t))
-  # Split, then cast each layer's part: a part's output reads its slice of
-  # the learner's array alone.
-  parts = split(target)
-  return jax.jit(lambda tree: jax.tree.map(leaf, split(tree), parts),
+  return jax.jit(lambda tree: split(jax.tree.map(leaf, tree, target)),
                  out_shardings=None if out is None else split(out))
 
 
