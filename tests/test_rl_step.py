@@ -332,7 +332,8 @@ def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
   # learner (one jitted cast, shardings kept, the learner's state
   # untouched), so its log-probs differ from the learner's, and GRPO's loss
   # weighs each token by the truncated ratio. With the main job's float32
-  # nothing is copied and the loss is the on-policy one, unweighted.
+  # the copy on the CPU only splits the layers (the learner's values
+  # exactly), and the loss is the on-policy one, unweighted.
   tok, recs, _ = setup
   _, m = _policy(tok)
   opt = _optimizer()
@@ -340,9 +341,14 @@ def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
   kw = dict(prompts_per_step=8, rollouts_per_prompt=4, max_new_tokens=12,
             dynamic_filtering=False, overlong='none')
   same = rl.SamplerWeights(graph, 'float32')
-  assert not same.copies(state)
-  own = jax.tree.leaves(nnx.state(same.model(state), nnx.Param))
-  assert all(a is b for a, b in zip(own, jax.tree.leaves(state.params)))
+  assert same.copies(state) and model.layered(m.cfg)
+  own = nnx.state(same.model(state), nnx.Param)
+  assert model.has_layer_arrays(own)
+  for a, b in zip(jax.tree.leaves(own),
+                  jax.tree.leaves(model.split_layers(state.params)),
+                  strict=True):
+    assert a.dtype == b.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert rl.Learner(graph, opt, rl.RLConfig(**kw)).correction(state) == 'none'
   # The same weights computed in bf16 (as at scale): the sampler's programs
   # and the learner's round apart (0.0075 mean |d log p| on an H200), so the

@@ -32,9 +32,11 @@ from cascade_jax.model._dispatch import replay_capacity
 from cascade_jax.model._layer_arrays import has_layer_arrays
 from cascade_jax.model._layer_arrays import is_layered
 from cascade_jax.model._layer_arrays import layer_part
+from cascade_jax.model._layer_arrays import layered
 from cascade_jax.model._layer_arrays import LayerArrays
 from cascade_jax.model._layer_arrays import split_layers
 from cascade_jax.model._layer_arrays import split_layers_like
+from cascade_jax.model._layer_arrays import split_model
 from cascade_jax.model._layer_arrays import stack_layers
 from cascade_jax.model._layers import activation
 from cascade_jax.model._layers import is_gated

@@ -182,6 +182,26 @@ def stack_layers(tree):
   return jax.tree.map(stack, tree, is_leaf=is_layered)
 
 
+_split_state = jax.jit(lambda state: split_layers(state))  # pylint: disable=unnecessary-lambda
+
+
+def layered(cfg) -> bool:
+  """Whether a model of `cfg` stacks some layer group deeper than one
+  (a [1, ...] weight's layer is the array itself, reshaped: nothing to split)."""
+  return any(repeats > 1 for _, repeats in cfg.layer_groups)
+
+
+def split_model(model):
+  """`model`'s weights with each stacked layer weight copied into one array
+  per layer (one jitted copy, placed as the stacked weights are): for the
+  sampler's programs, which read a layer at a time. A model with nothing
+  deeper than one layer a group comes back as it is."""
+  if not layered(model.cfg):
+    return model
+  graph, state = nnx.split(model)
+  return nnx.merge(graph, _split_state(state))
+
+
 def has_layer_arrays(tree) -> bool:
   """Whether any variable of `tree` holds `LayerArrays`."""
   return any(isinstance(v.get_value(), LayerArrays)
@@ -190,4 +210,5 @@ def has_layer_arrays(tree) -> bool:
 
 
 __all__ = ['has_layer_arrays', 'is_layered', 'layer_part', 'LayerArrays',
-           'split_layers', 'split_layers_like', 'stack_layers']
+           'layered', 'split_layers', 'split_layers_like', 'split_model',
+           'stack_layers']

@@ -9,10 +9,13 @@ The learner keeps fp32 master weights in the training layout (FSDP over
   the FSDP and expert axes, so a decode step sends tokens to the experts'
   devices (the `ragged` exchange) and never all-gathers a weight.
 The copy is one jitted function of the train state's parameters (cast and
-reshard together), so no weight crosses the host. Where neither differs
-(the main job: fp32 on one device) nothing is copied and the sampler reads
-the learner's own arrays, exactly on-policy. A reshard alone is exact too:
-the loss corrects only for the dtype (`RLConfig.correction`).
+reshard together), so no weight crosses the host. A copy at the learner's
+dtype (the main job: fp32 on one device, where the copy only splits the
+layers, below) holds the learner's values exactly: the sampler stays
+exactly on-policy. A reshard alone is exact too: the loss corrects only
+for the dtype (`RLConfig.correction`). Off the CPU, where neither dtype nor
+layout differs, nothing is copied and the sampler reads the learner's own
+arrays.
 
 - in memory, each weight in the layout the sampler's programs read
   (`RLConfig.sampler_weight_layout`, `weight_formats`): on TPU the
@@ -25,7 +28,9 @@ the loss corrects only for the dtype (`RLConfig.correction`).
   buffer of their own, where XLA copies a slice of a stacked array out
   wherever an operation needs one (on TPU the MoE layer's conditional;
   Qwen3-30B-A3B's decode step 19.58 -> 14.51 GB of HBM a chip,
-  docs/results/plan_decode_bytes_2026-12-05).
+  docs/results/plan_decode_bytes_2026-12-05; XLA:CPU at every decode
+  step, so on the CPU the sync always splits a layer group deeper than
+  one: docs/results/sampler_layer_arrays_cpu_2026-12-05).
 A sampler in a process of its own (`rl.rollout_worker='process'`,
 `rl._decoupled`) is sent this copy as host arrays after each update, one
 array a layer.
@@ -210,6 +215,7 @@ class SamplerWeights:
                                                      ctx, layout)
     platform = (jax.devices()[0] if ctx is None else
                 ctx.mesh.devices.flat[0]).platform
+    self.platform = platform
     self.weight_layout = resolve_weight_layout(weight_layout, platform)
     self.last_sync_s = 0.0
     self._plan = None   # (sampler graph, whether it copies, sync fn)
@@ -234,16 +240,22 @@ class SamplerWeights:
         formats = weight_formats(
             (params, rest), jax.sharding.SingleDeviceSharding(
                 jax.devices()[0]) if ctx is None else None)
+      # On the CPU the sampler reads its layers' weights one array each
+      # even where nothing else would be copied: 1.05 x a batch-64
+      # generation, 1.3 x at batch 1, the same tokens
+      # (docs/results/sampler_layer_arrays_cpu_2026-12-05).
+      split = self.platform == 'cpu' and model_lib.layered(cfg)
       self._plan = (graph if moves else self.graph,
-                    copies((state.params, state.rest), (params, rest),
-                           formats, moves=moves),
+                    split or copies((state.params, state.rest),
+                                    (params, rest), formats, moves=moves),
                     sync_fn((params, rest), formats))
     return self._plan
 
   def copies(self, state: train.TrainState) -> bool:
     """Whether the sampler needs its own copy (a weight is wider than the
-    sampler's model holds it, or the sampler's layout differs from the
-    learner's)."""
+    sampler's model holds it, the sampler's layout differs from the
+    learner's, or, on the CPU, some layer group is stacked deeper than one:
+    the copy holds each layer's weights as arrays of their own)."""
     return self._sync_plan(state)[1]
 
   def model(self, state: train.TrainState) -> nnx.Module:

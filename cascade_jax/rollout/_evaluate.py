@@ -8,9 +8,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 import jax
+from flax import nnx
 
 from cascade_jax import data
 from cascade_jax import domains
+from cascade_jax import model as model_lib
 from cascade_jax import sharding
 from cascade_jax.rollout._episodes import EpisodeConfig
 from cascade_jax.rollout._episodes import run_episodes
@@ -53,6 +55,12 @@ def max_new_tokens_for(tok: data.Tokenizer, records: Sequence[dict],
   return -(-(longest + 1 + slack) // bucket) * bucket
 
 
+def _platform(model) -> str:
+  leaf = jax.tree.leaves(nnx.state(model, nnx.Param))[0]
+  devices = getattr(leaf, 'devices', None)
+  return (next(iter(devices())) if devices else jax.devices()[0]).platform
+
+
 def evaluate_model(model, tok: data.Tokenizer,
                    eval_sets: Mapping[str, Sequence[dict]], *,
                    temperature: float = 0.0, samples: int = 1,
@@ -70,6 +78,8 @@ def evaluate_model(model, tok: data.Tokenizer,
   if samples < 1 or (samples > 1 and temperature == 0.0):
     raise ValueError(f'evaluate_model: samples={samples} needs samples >= 1 '
                      'and, above 1, a temperature > 0')
+  if _platform(model) == 'cpu':   # as the RL sampler reads it on the CPU
+    model = model_lib.split_model(model)
   # Domains whose verifier runs programs first: their sandbox scoring (on a
   # scoring thread; the sandbox's processes do the work) then overlaps the
   # generation of the domains after them.
