@@ -45,6 +45,9 @@ def main(argv):
   path = tempfile.mkdtemp()
   checkpoint.save_hf_qwen3_moe(cfg, ours, path)
   hf = transformers.Qwen3MoeForCausalLM.from_pretrained(path).eval()
+  # The weights as the sampler holds them in an RL stage and an evaluation
+  # on the CPU: one array per layer (rl.SamplerWeights, model.split_model).
+  ours = model_lib.split_model(ours)
   print(f'model: {model_lib.count_params(cfg)}; prompt {c.prompt_len}, '
         f'{c.new_tokens} new tokens, greedy, fp32, jax {jax.__version__}, '
         f'torch {torch.__version__} ({torch.get_num_threads()} threads)')
