@@ -275,8 +275,10 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
   learner = nnx.split(train.abstract_model(cfg, ctx), nnx.Param, ...)[1:]
   cfg = _sampler_cfg(cfg, shapes)
   target = rl.sampler_state(cfg, cfg.param_dtype, model_ctx)[1:]
-  copied = rl.sync_copies(learner, target, (
-      rl.weight_formats(target) if weight_layout == 'decode' else None))
+  copied = rl.splits_always(
+      cfg, ctx.mesh.devices.flat[0].platform) or rl.sync_copies(
+          learner, target, (rl.weight_formats(target)
+                            if weight_layout == 'decode' else None))
   return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
                            shapes['cache_len'], step, model_ctx,
                            weight_layout, copied) + (

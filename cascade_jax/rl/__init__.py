@@ -43,5 +43,6 @@ from cascade_jax.rl._sync import sampler_ctx
 from cascade_jax.rl._sync import sampler_state
 from cascade_jax.rl._sync import sampler_tree
 from cascade_jax.rl._sync import SamplerWeights
+from cascade_jax.rl._sync import splits_always
 from cascade_jax.rl._sync import sync_fn
 from cascade_jax.rl._sync import weight_formats

@@ -140,6 +140,15 @@ def copies(learner, target, formats=None, *, moves: bool | None = None
   return narrows or moves or formats is not None
 
 
+def splits_always(cfg: model_lib.ModelConfig, platform: str) -> bool:
+  """Whether the sampler gets a copy of its own on `platform` even where
+  nothing else would be copied: on the CPU, for a model with a layer group
+  stacked deeper than one, so that it reads each layer's weights as arrays
+  of their own (1.05 x a batch-64 generation, 1.3 x at batch 1, the same
+  tokens: docs/results/sampler_layer_arrays_cpu_2026-12-05)."""
+  return platform == 'cpu' and model_lib.layered(cfg)
+
+
 def sync_fn(target, formats=None, *, layer_arrays: bool = True):
   """The weight sync as one jitted function of the learner's (params, rest):
   each leaf narrowed to `target`'s dtype where that is narrower (never
@@ -240,13 +249,8 @@ class SamplerWeights:
         formats = weight_formats(
             (params, rest), jax.sharding.SingleDeviceSharding(
                 jax.devices()[0]) if ctx is None else None)
-      # On the CPU the sampler reads its layers' weights one array each
-      # even where nothing else would be copied: 1.05 x a batch-64
-      # generation, 1.3 x at batch 1, the same tokens
-      # (docs/results/sampler_layer_arrays_cpu_2026-12-05).
-      split = self.platform == 'cpu' and model_lib.layered(cfg)
       self._plan = (graph if moves else self.graph,
-                    split or copies((state.params, state.rest),
+                    splits_always(cfg, self.platform) or copies((state.params, state.rest),
                                     (params, rest), formats, moves=moves),
                     sync_fn((params, rest), formats))
     return self._plan
