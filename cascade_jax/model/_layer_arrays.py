@@ -135,24 +135,12 @@ def layer_part(x, k: int, ndim: int, what: str = 'a weight'):
 
 
 def split_layers(tree):
-  """`tree` (a model's State, or a pytree of States) with each stacked
-  variable's value as `LayerArrays` of its layers' parts (`layer_part`);
-  values split already stay as they are. A tree of shardings or formats
-  (jit's in / out shardings for the split tree) splits the same way."""
-  def split(v):
-    if not is_layered(v):
-      return v
-    x = v.get_value()
-    if isinstance(x, LayerArrays) or x is None:
-      return v
-    n = len(v.get_metadata()['logical_axes'])
-    layers = getattr(x, 'shape', None)
-    if layers is None:   # a sharding or a format: no shape of its own
-      raise ValueError(f'split_layers: the layer count of {x!r} is not known'
-                       ' (split the values first: split_layers_like)')
-    return v.replace(LayerArrays(layer_part(x, k, n)
-                                 for k in range(layers[0])))
-  return jax.tree.map(split, tree, is_leaf=is_layered)
+  """`tree` (a model's State, or a pytree of States, of arrays or
+  ShapeDtypeStructs) with each stacked variable's value as `LayerArrays` of
+  its layers' parts (`layer_part`); values split already stay as they are.
+  A tree of shardings or formats (no shapes of their own) splits by the
+  values it describes: `split_layers_like`."""
+  return split_layers_like(tree, tree)
 
 
 def split_layers_like(tree, like):
@@ -165,7 +153,10 @@ def split_layers_like(tree, like):
     x = v.get_value() if isinstance(v, nnx.Variable) else v
     if isinstance(x, LayerArrays) or x is None:
       return v
-    shape = t.get_value().shape
+    shape = getattr(t.get_value(), 'shape', None)
+    if shape is None:   # a sharding or a format: no shape of its own
+      raise ValueError(f'split_layers: the layer count of {x!r} is not known'
+                       ' (split by the values: split_layers_like)')
     parts = LayerArrays(layer_part(x, k, len(shape)) for k in range(shape[0]))
     return v.replace(parts) if isinstance(v, nnx.Variable) else parts
   return jax.tree.map(split, tree, like,

@@ -250,8 +250,9 @@ class SamplerWeights:
             (params, rest), jax.sharding.SingleDeviceSharding(
                 jax.devices()[0]) if ctx is None else None)
       self._plan = (graph if moves else self.graph,
-                    splits_always(cfg, self.platform) or copies((state.params, state.rest),
-                                    (params, rest), formats, moves=moves),
+                    splits_always(cfg, self.platform) or copies(
+                        (state.params, state.rest), (params, rest), formats,
+                        moves=moves),
                     sync_fn((params, rest), formats))
     return self._plan
 
