@@ -121,10 +121,12 @@ RL_STAGES = {
     # tokens; the hidden tests run in the sandbox after `submit`.
     # Episode stages pack the learner's batch (rl.pack_width: the episode
     # budget, several episodes a row) instead of a row per episode at the
-    # whole budget, mostly padding.
+    # whole budget, mostly padding. Its episodes lengthen as it learns
+    # (packed rows 40 -> 64 over 10 steps in the main job, a compile each):
+    # its rows start at the most 64 rollouts can need (rl.pack_rows).
     'swe_agent_rl': ('swe_agent', (1, 2), {'split_by': 'prompt'}, 10, 2e-4,
                      dict(max_new_tokens=72, max_refill_rounds=1,
-                          pack_width=448)),
+                          pack_width=448, pack_rows=64)),
     # Math RL (Nemotron-Cascade 1's stage; not in Cascade 2's order, where
     # MOPD keeps math): --config.order=sft,...,math_rl, or rerun_stage.
     'math_rl': ('math', (1, 2, 3), {'split_by': 'prompt'}, 30, 2e-4,

@@ -222,6 +222,52 @@ def test_packed_rows_are_sized_once_and_never_lowered(setup):
       batch).num_rows == need                      # resumed: restored rows
   assert rl.Learner(graph, opt, c, pack_rows=4 * need).pack(
       batch).num_rows == 4 * need
+  # rl.pack_rows (the main job's SWE-agent RL): the first batch starts at
+  # that many rows, without headroom on top; at most the batch's rollouts.
+  mid = (need + batch.num_rows) // 2
+  assert need < mid < batch.num_rows
+  for least, rows in ((mid, mid), (batch.num_rows, batch.num_rows),
+                      (4 * batch.num_rows, batch.num_rows), (1, need)):
+    fresh = rl.Learner(graph, opt, dataclasses.replace(c, pack_rows=least))
+    assert fresh.pack(batch).num_rows == rows == fresh.pack_rows, least
+
+
+def test_a_refill_round_samples_in_the_steps_shape(setup):
+  # A refill's fewer prompts are padded to the step's rows (one sampler
+  # compile for the stage, not one per refill size); the padding changes
+  # none of the real rows' draws: tokens, routing, kept sets equal, log-probs
+  # to float rounding. The main job's path (capacity preset, replay).
+  tok, recs, agentic = setup
+  cfg, m = _policy(tok)
+  sc = rollout.SampleConfig(max_new_tokens=12, temperature=1.0)
+  prompts = [data.encode_prompt(tok, r['messages']) + [5 + i]
+             for i, r in enumerate(recs[:4])]
+  ptoks, plens = rollout.pad_prompts(prompts, 1, tok.pad_id)
+  key = jax.random.key(7)
+  run = lambda rows: sharding.to_host(rollout.generate_padded(
+      m, ptoks, plens, cfg=sc, stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+      key=key, record_experts=True, min_rows=rows))
+  alone, padded = run(0), run(16)
+  assert padded.tokens.shape == alone.tokens.shape == (4, 12)
+  for k in ('tokens', 'mask', 'truncated', 'expert_idx', 'kept'):
+    np.testing.assert_array_equal(getattr(padded, k), getattr(alone, k), k)
+  np.testing.assert_allclose(padded.logprobs, alone.logprobs, atol=1e-6)
+  # rl.collect: 4 prompts x 4 a step; the first round's rewards filter one
+  # group, so a refill round samples 1 prompt, in the step's shape.
+  c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
+                  max_new_tokens=12, overlong='none', max_refill_rounds=1)
+  calls = []
+
+  def rewards(r, _):
+    calls.append(len(r))
+    out = np.arange(len(r)) % 2
+    return np.where(np.arange(len(r)) < 4, 0, out) if len(r) == 16 else out
+
+  before = rollout.trace_count()
+  _, stats = rl.collect(m, tok, rl.PromptStream(recs), c, jax.random.key(4),
+                        reward_fn=rewards)
+  assert calls == [16, 4] and stats['sampled_prompts'] == 5
+  assert rollout.trace_count() <= before + 1   # the step's shape, once
 
 
 def test_packing_is_refused_where_the_loss_is_per_sequence():
@@ -231,6 +277,10 @@ def test_packing_is_refused_where_the_loss_is_per_sequence():
     rl.RLConfig(updates_per_batch=2, pack_width=256)
   with pytest.raises(ValueError, match='pack_width must be >= 0'):
     rl.RLConfig(pack_width=-1)
+  with pytest.raises(ValueError, match='only with rl.pack_width'):
+    rl.RLConfig(pack_rows=64)
+  with pytest.raises(ValueError, match='pack_rows=-1'):
+    rl.RLConfig(pack_width=256, pack_rows=-1)
 
 
 def test_first_update_sizes_the_capacity_with_headroom(setup):

@@ -67,6 +67,13 @@ class RLConfig:
   # compile each) where trimmed widths took many. GRPO with one update a
   # batch (a token-level loss: where a token sits does not change it).
   pack_width: int = 0
+  # A packed batch's rows: at least this many, at most its rollouts (0: the
+  # first batch's need with `capacity_headroom`). A stage whose episodes lengthen as it learns
+  # grows its row count step by step, one compile of the update each (the
+  # main job's SWE-agent RL: 40, 48, 56, 64 rows, 3-5 s each); starting at
+  # its largest compiles once. A packed batch never needs more rows than
+  # it has rollouts.
+  pack_rows: int = 0
   # The MoE capacity of the stage's first update (the capacity path under
   # replayed routing, `model.exact_dispatch`) fits this much more load than
   # its batch needs. A run never lowers its capacity and its later batches'
@@ -226,6 +233,10 @@ class RLConfig:
     if self.pack_width < 0:
       raise ValueError(f'rl.pack_width must be >= 0 (0: no packing), got '
                        f'{self.pack_width}')
+    if self.pack_rows < 0 or (self.pack_rows and not self.pack_width):
+      raise ValueError(f'rl.pack_rows={self.pack_rows}: a packed batch\'s '
+                       'least row count, >= 0, and only with rl.pack_width '
+                       f'(got pack_width={self.pack_width})')
     if self.pack_width and (self.algorithm != 'grpo' or
                             self.updates_per_batch != 1):
       raise ValueError(

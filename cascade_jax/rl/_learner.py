@@ -450,10 +450,12 @@ class Learner:
       raise ValueError(f'rl.pack_width: {batch.num_rows} rollouts do not split '
                        f'over {multiple} devices x micro-batches')
     # As the capacity: the stage's first batch sizes the rows with
-    # headroom, later ones only raise them (each row count compiles).
+    # headroom (or rl.pack_rows does), later ones only raise them (each
+    # row count compiles).
+    least = max(self.pack_rows, min(self.cfg.pack_rows, batch.num_rows))
     out = _batch.pack(
-        batch, self.cfg.pack_width, multiple, min_rows=self.pack_rows,
-        headroom=0.0 if self.pack_rows else self.cfg.capacity_headroom)
+        batch, self.cfg.pack_width, multiple, min_rows=least,
+        headroom=0.0 if least else self.cfg.capacity_headroom)
     self.pack_rows = out.num_rows
     return out
 

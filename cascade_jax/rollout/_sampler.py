@@ -307,13 +307,16 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
                     cfg: SampleConfig, stop_ids: int | Sequence[int],
                     pad_id: int = 0,
                     key: jax.Array | None = None,
-                    record_experts: bool = False) -> Rollout:
+                    record_experts: bool = False,
+                    min_rows: int = 0) -> Rollout:
   """`generate` on prompts already left-padded by `pad_prompts`.
 
-  On a mesh the rows are padded (copies of the last) to a multiple of the
-  devices the batch is split over, and the padding dropped from the result:
-  a row's tokens do not depend on the padding (its Gumbel noise is a prefix
-  of the larger batch's, and decoding is per row).
+  The rows are padded (copies of the last) to at least `min_rows` (a
+  batch of fewer prompts in a larger one's shape: one compile for both)
+  and, on a mesh, to a multiple of the devices the batch is split over;
+  the padding is dropped from the result: a row's tokens do not depend on
+  the padding (its Gumbel noise is a prefix of the larger batch's, and
+  decoding is per row).
   """
   ctx = getattr(model, 'ctx', None)
   rows = (np.asarray(tokens_bp), np.asarray(lengths_b))
@@ -321,8 +324,11 @@ def generate_padded(model: nnx.Module, tokens_bp, lengths_b, *,
   if per_row and key.shape != (len(rows[1]),):
     raise ValueError(f'generate: {key.shape[0]} keys for {len(rows[1])} rows '
                      '(give one key, or one a row)')
-  rows, n = sharding.pad_rows(rows + ((key,) if per_row else ()),
-                              1 if ctx is None else ctx.shards('batch'))
+  rows += (key,) if per_row else ()
+  n = len(rows[1])
+  if min_rows > n:
+    rows, _ = sharding.pad_rows(rows, min_rows)
+  rows, _ = sharding.pad_rows(rows, 1 if ctx is None else ctx.shards('batch'))
   tokens_bp, lengths_b = rows[:2]
   key = rows[2] if per_row else key
   if n < len(lengths_b):
