@@ -258,6 +258,34 @@ def verdict_own_up_in_seeds(rule: dict, m: dict) -> str:
           + ', '.join(key for key, u in up.items() if not u) + ')')
 
 
+def verdict_setting_chosen(rule: dict, m: dict) -> str:
+  """A stage's setting chosen among arms (m['arms']: per arm, per seed the
+  preference change and SE, and the math change and SE). An arm other
+  than rule['default'] qualifies if its preference change is up beyond
+  threshold x SE in rule['in_seeds'] or more seeds, its mean above the
+  default's, and its mean math change not below the default's by more than
+  threshold x its mean math SE; the qualifying arm with the highest mean
+  preference change is chosen. Else the default stays: 'holds at the
+  default' if it is up that far in in_seeds or more seeds."""
+  arms, t, k = m['arms'], rule['threshold'], rule['in_seeds']
+  want = rule.get('arms') or sorted(arms)
+  done = {a: len(arms.get(a, [])) for a in want}
+  if min(done.values(), default=0) < rule['seeds']:
+    return 'open (' + ', '.join(f'{a} {n} of {rule["seeds"]}'
+                                for a, n in done.items()) + ' seeds)'
+  mean = lambda a, key: sum(r[key] for r in arms[a]) / len(arms[a])
+  ups = lambda a: sum(r['pref'] > t * r['pref_se'] for r in arms[a])
+  base = rule['default']
+  ok = [a for a in want if a != base and ups(a) >= k
+        and mean(a, 'pref') > mean(base, 'pref')
+        and mean(a, 'math') >= mean(base, 'math') - t * mean(a, 'math_se')]
+  if ok:
+    return f"{max(ok, key=lambda a: mean(a, 'pref'))} becomes the setting"
+  if ups(base) >= k:
+    return 'holds at the default'
+  return 'not made to work by lr, KL or steps at this scale'
+
+
 VERDICTS: dict[str, Callable[[dict, dict], str]] = {
     name.removeprefix('verdict_'): fn for name, fn in globals().items()
     if name.startswith('verdict_') and callable(fn)}

@@ -484,13 +484,34 @@ def _own_domain_seeds(files):
   return text, dict(pairs=pairs)
 
 
+def _hybrid_rlhf(files):
+  """hybrid_rlhf/<arm>/seed<S>/rerun.json: per arm, each seed's preference
+  and math change from MOPD with their paired SE."""
+  arms = {}
+  for f in sorted(files):
+    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    rerun = _load(f)
+    pref, math = _row(rerun, 'preference'), _row(rerun, 'math')
+    arms.setdefault(arm, []).append(dict(
+        pref=pref['change'], pref_se=pref['se'], math=math['change'],
+        math_se=math['se']))
+  part = lambda a, rs: (
+      f"{a}: pref {np.mean([r['pref'] for r in rs]):+.3f} ("
+      + ', '.join(f"{r['pref']:+.3f}" for r in rs)
+      + f"; {sum(r['pref'] > 2 * r['pref_se'] for r in rs)} up beyond 2 SE)"
+      f", math {np.mean([r['math'] for r in rs]):+.3f}")
+  text = ('hybrid RLHF from MOPD (seed-0 hybrid cascade), change over stage '
+          'seeds: ' + '; '.join(part(a, rs) for a, rs in arms.items()))
+  return text, dict(arms=arms)
+
+
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
     lc_mix=_lc_mix, stage_order=_stage_order,
     kl_main=_kl_main, mopd_gap=_mopd_gap,
-    own_domain_seeds=_own_domain_seeds)
+    own_domain_seeds=_own_domain_seeds, hybrid_rlhf=_hybrid_rlhf)
 
 
 def _provenance(files: list[str]) -> str:

@@ -231,6 +231,30 @@ def test_verdict_own_up_in_seeds():
       'open (2 of 3 seeds)'
 
 
+def test_verdict_setting_chosen():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2, default='default',
+              arms=['default', 'lr', 'kl'])
+  r = lambda pref, math=0.0, se=0.01: dict(pref=pref, pref_se=se, math=math,
+                                           math_se=se)
+  flat, up, big = [r(0.0)] * 3, [r(0.05)] * 3, [r(0.08)] * 3
+  v = lambda **arms: claims.verdict_setting_chosen(rule, dict(arms=arms))
+  assert v(default=flat, lr=up, kl=big) == 'kl becomes the setting'
+  # Up in only 1 of 3 seeds does not qualify, whatever its mean.
+  assert v(default=flat, lr=up, kl=[r(0.3), r(0.0), r(0.0)]) == \
+      'lr becomes the setting'
+  # Math down beyond 2 x its SE against the default's disqualifies.
+  assert v(default=flat, lr=up, kl=[r(0.08, math=-0.05)] * 3) == \
+      'lr becomes the setting'
+  assert v(default=flat, lr=[r(0.05, math=-0.019)] * 3, kl=flat) == \
+      'lr becomes the setting'
+  # Not above the default's mean: the default stays.
+  assert v(default=big, lr=up, kl=up) == 'holds at the default'
+  assert v(default=flat, lr=flat, kl=[r(-0.05)] * 3) == \
+      'not made to work by lr, KL or steps at this scale'
+  assert v(default=flat, lr=up, kl=up[:2]) == \
+      'open (default 3 of 3, lr 3 of 3, kl 2 of 3 seeds)'
+
+
 def test_every_verdict_function_has_a_test_here():
   with open(__file__) as f:
     tested = f.read()
@@ -252,10 +276,12 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['14_mopd_gap']
   assert 'post_hoc' not in rules['15_own_domain_hybrid']
   assert 'post_hoc' not in rules['16_forgetting_hybrid']
-  assert list(rules)[-8:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert 'post_hoc' not in rules['17_hybrid_rlhf']
+  assert list(rules)[-9:] == ['9_if_rl_reward', '10_mopd_recovers',
                               '11_long_context_mix', '12_stage_order',
                               '13_rlhf_kl_main', '14_mopd_gap',
-                              '15_own_domain_hybrid', '16_forgetting_hybrid']
+                              '15_own_domain_hybrid', '16_forgetting_hybrid',
+                              '17_hybrid_rlhf']
 
 
 # ----------------------------------------------------------- history
@@ -551,3 +577,29 @@ def test_the_own_domain_measure_counts_seeds_per_stage(tmp_path):
   assert list(m['pairs']) == ['if_rl IF'] and len(m['pairs']['if_rl IF']) == 3
   assert 'if_rl IF +0.200 (3)' in text, text
   assert claims.verdict(rule, m) == 'holds'
+
+
+def test_the_hybrid_rlhf_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['17_hybrid_rlhf']
+  files = []
+  for arm, pref in (('default', 0.0), ('lr5e-4', 0.06), ('kl0.03', 0.03),
+                    ('steps30', 0.09)):
+    for s in range(3):
+      path = tmp_path / 'hybrid_rlhf' / arm / f'seed{s}' / 'rerun.json'
+      path.parent.mkdir(parents=True)
+      math = -0.2 if arm == 'steps30' else -0.05
+      path.write_text(json.dumps(dict(rows=[
+          dict(domain='preference', before=0.2, after=0.2 + pref,
+               change=pref, se=0.01),
+          dict(domain='math', before=0.6, after=0.6 + math, change=math,
+               se=0.02)])))
+      files.append(str(path))
+  text, m = status.MEASURES['hybrid_rlhf'](files)
+  assert sorted(m['arms']) == sorted(rule['rule']['arms'])
+  assert 'lr5e-4: pref +0.060 (+0.060, +0.060, +0.060; 3 up beyond 2 SE)' \
+      ', math -0.050' in text, text
+  # steps30 lifts preference most but costs math beyond 2 SE: lr5e-4.
+  assert claims.verdict(rule, m) == 'lr5e-4 becomes the setting'
+  assert claims.verdict(rule, status.MEASURES['hybrid_rlhf'](files[:-1])[1]) \
+      == 'open (default 3 of 3, lr5e-4 3 of 3, kl0.03 3 of 3, steps30 2 of 3 seeds)'
