@@ -121,12 +121,14 @@ RL_STAGES = {
     # tokens; the hidden tests run in the sandbox after `submit`.
     # Episode stages pack the learner's batch (rl.pack_width: the episode
     # budget, several episodes a row) instead of a row per episode at the
-    # whole budget, mostly padding. Its episodes lengthen as it learns
-    # (packed rows 40 -> 64 over 10 steps in the main job, a compile each):
-    # its rows start at the most 64 rollouts can need (rl.pack_rows).
+    # whole budget, mostly padding. Its rows grow as its episodes lengthen
+    # (40 -> 64 over 10 steps, a compile each); starting at 64
+    # (rl.pack_rows=64) compiled twice instead of 4 times but made every
+    # step slower by as much: the stage's update seconds 55.7 against 56.1
+    # (docs/results/main_job_refill_shapes_2026-12-05).
     'swe_agent_rl': ('swe_agent', (1, 2), {'split_by': 'prompt'}, 10, 2e-4,
                      dict(max_new_tokens=72, max_refill_rounds=1,
-                          pack_width=448, pack_rows=64)),
+                          pack_width=448)),
     # Math RL (Nemotron-Cascade 1's stage; not in Cascade 2's order, where
     # MOPD keeps math): --config.order=sft,...,math_rl, or rerun_stage.
     'math_rl': ('math', (1, 2, 3), {'split_by': 'prompt'}, 30, 2e-4,

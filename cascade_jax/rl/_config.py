@@ -68,11 +68,11 @@ class RLConfig:
   # batch (a token-level loss: where a token sits does not change it).
   pack_width: int = 0
   # A packed batch's rows: at least this many, at most its rollouts (0: the
-  # first batch's need with `capacity_headroom`). A stage whose episodes lengthen as it learns
-  # grows its row count step by step, one compile of the update each (the
-  # main job's SWE-agent RL: 40, 48, 56, 64 rows, 3-5 s each); starting at
-  # its largest compiles once. A packed batch never needs more rows than
-  # it has rollouts.
+  # first batch's need with `capacity_headroom`). A stage whose episodes
+  # lengthen as it learns grows its rows step by step, one compile of the
+  # update each (the main job's SWE-agent RL: 40, 48, 56, 64); starting at
+  # the largest compiles once, and pays for the larger rows at every step
+  # (there the two cancelled: docs/results/main_job_refill_shapes_2026-12-05).
   pack_rows: int = 0
   # The MoE capacity of the stage's first update (the capacity path under
   # replayed routing, `model.exact_dispatch`) fits this much more load than
