@@ -17,10 +17,12 @@ IF_ROWS = os.path.join(_DATA, 'instruction_following.jsonl')
 
 # The fixture's rows in order (tests/data/nemo_gym/rollouts.jsonl): math with
 # equivalent forms (0.75 for 3/4, an interval, a set in another order, a
-# radical), a wrong product, a plain unboxed answer, a wrong fraction; code:
-# right, right in the last of two blocks, wrong on the third test, a time
-# limit, a runtime error, no fenced block, a float within 1e-6.
-WANT = [1, 1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0, 0, 1]
+# radical), a wrong product, a right but unboxed answer (0: NeMo-Gym's math
+# server wants a \boxed{} answer), a wrong fraction; code: right, right in
+# the last of two blocks, wrong on the third test, a time limit, a runtime
+# error, no fenced block, a float within 1e-6; math again, its gold answer
+# in $ $.
+WANT = [1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 1, 1]
 
 
 def _verify(rows, out, *extra):
@@ -48,7 +50,8 @@ def test_verify_writes_every_row_back_in_order_with_its_reward(tmp_path):
   for g, r in zip(got, rows):       # everything else as it was read
     assert {k: v for k, v in g.items()
             if k not in ('reward', 'verifier_details')} == r
-  code = [g['verifier_details'] for g in got[7:]]
+  assert got[4]['verifier_details'] == dict(error='no \\boxed{} answer')
+  code = [g['verifier_details'] for g in got[7:14]]
   assert code[2] == dict(first_failure=2, tests=3,
                          error="wrong answer at line 0: '0' != '2'")
   assert code[3]['first_failure'] == 0 and 'time limit' in code[3]['error']
@@ -56,7 +59,7 @@ def test_verify_writes_every_row_back_in_order_with_its_reward(tmp_path):
   assert code[5]['error'] == 'no fenced code block in the response'
   # The table: each kind's rows and mean reward.
   assert 'code                         7     0.429' in res.stdout, res.stdout
-  assert 'math                         7     0.714' in res.stdout, res.stdout
+  assert 'math                         8     0.625' in res.stdout, res.stdout
 
 
 def _bad_file(tmp_path, rows):

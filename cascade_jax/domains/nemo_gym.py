@@ -32,9 +32,11 @@ the answer, except in tool-use rows, where `function_call` items are the
 action.
 
 Verification follows the reference implementations:
-- math: math-verify alone (no model judge), the gold answer boxed and read
-  as LaTeX, the response read as LaTeX or a plain expression (the
-  configuration NeMo-Gym's and verl's math rewards use).
+- math: as NeMo-Gym's math_with_judge server without its judge: 0 unless
+  the response has a complete, non-empty last \\boxed{}; then math-verify,
+  the gold answer (outer $ $ or \\( \\) removed) boxed and read as LaTeX,
+  the response read as LaTeX or a plain expression (the configuration
+  NeMo-Gym's and verl's math rewards use).
 - code: the last fenced block of the response, run in the sandbox once per
   test with the test's stdin; its stdout is compared as LiveCodeBench does
   (whole output stripped, then line by line, each line stripped; a line
@@ -410,9 +412,38 @@ def response_text(row: Row) -> str:
 # --------------------------------------------------------------- verifying
 
 
+def _strip_math_delimiters(answer: str) -> str:
+  """A gold answer without its outer \\( \\) or $ $ (math-verify reads a
+  boxed gold with them as nothing)."""
+  s = answer.strip()
+  if s.startswith('\\(') and s.endswith('\\)'):
+    s = s[2:-2].strip()
+  if len(s) > 1 and s.startswith('$') and s.endswith('$'):
+    s = s[1:-1].strip()
+  return s
+
+
+def last_boxed(text: str) -> str | None:
+  """The contents of the last complete \\boxed{...} in `text` (braces
+  balanced), or None."""
+  start = text.rfind('\\boxed{')
+  if start < 0:
+    return None
+  depth, i = 1, start + len('\\boxed{')
+  for j in range(i, len(text)):
+    depth += {'{': 1, '}': -1}.get(text[j], 0)
+    if not depth:
+      return text[i:j]
+  return None
+
+
 def math_reward(expected_answer: str, response: str) -> tuple[float, dict]:
-  """math-verify's verdict: the gold boxed, read as LaTeX; the response
-  (thoughts removed) read as LaTeX or a plain expression."""
+  """NeMo-Gym's math_with_judge without its judge: 0 unless the response
+  (thoughts removed) has a complete, non-empty last \\boxed{}; then
+  math-verify's verdict, the gold (its outer $ $ or \\( \\) removed) boxed
+  and read as LaTeX, the response read as LaTeX or a plain expression.
+  (Before that server required the box, an unboxed final answer could
+  pass: `experiments.verify` follows the server as it is now.)"""
   # Imported here: math_verify loads sympy (seconds) and only math needs it.
   from math_verify.metric import math_metric  # pylint: disable=g-import-not-at-top
   from math_verify.parser import ExprExtractionConfig  # pylint: disable=g-import-not-at-top
@@ -420,11 +451,14 @@ def math_reward(expected_answer: str, response: str) -> tuple[float, dict]:
   metric = math_metric(
       gold_extraction_target=(LatexExtractionConfig(),),
       pred_extraction_target=(ExprExtractionConfig(), LatexExtractionConfig()))
-  gold = expected_answer.strip()
+  gold = _strip_math_delimiters(expected_answer)
   if not gold.startswith('\\boxed{'):
     gold = '\\boxed{' + gold + '}'
+  response = _base.strip_think(response)
+  if not (last_boxed(response) or '').strip():
+    return 0.0, dict(error='no \\boxed{} answer')
   try:
-    score, extracted = metric([gold], [_base.strip_think(response)])
+    score, extracted = metric([gold], [response])
   except Exception as e:  # pylint: disable=broad-except
     return 0.0, dict(error=f'{type(e).__name__}: {e}'[:300])
   return float(score), dict(extracted=[str(x) for x in (extracted or ())])
