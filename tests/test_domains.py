@@ -22,7 +22,8 @@ def test_registry_has_one_domain_per_recipe_stage():
   assert set(ALL) == {'instruction_following', 'multi_domain', 'math', 'code',
                       'long_context', 'swe', 'swe_agent', 'tool_use',
                       'preference'}
-  assert set(domains.names(from_files=True)) == set(ALL) | {'nemo_gym'}
+  assert set(domains.names(from_files=True)) == set(ALL) | {
+      'nemo_gym', 'nemo_gym_python'}
   with pytest.raises(ValueError, match="unknown domain 'chess'"):
     domains.get('chess')
 

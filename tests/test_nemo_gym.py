@@ -743,3 +743,26 @@ def test_tool_call_structured_rows_validate_the_one_calls_payload():
       name='extraction_tool_2', arguments=dict(extraction=good)))
              + '</tool_call>')
   assert [s.reward for s in dom.verify(recs[1:2], [written])] == [1.0]
+
+
+def test_stateful_python_rollouts_are_verified_as_the_math_server_does(
+    tmp_path):
+  # NeMo-Gym's ns_tools rows (math with a stateful_python_code_exec tool):
+  # the rollout's message items, not its calls or their outputs, against
+  # expected_answer (tests/data/nemo_gym/stateful_python_rollouts.jsonl: a
+  # call then the boxed answer; the answer only in a tool's output; a wrong
+  # boxed answer after two calls; thoughts and a boxed answer, gold in $ $).
+  rows = os.path.join(_DATA, 'stateful_python_rollouts.jsonl')
+  out = tmp_path / 'verified.jsonl'
+  res = _verify(rows, out)
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert [json.loads(line)['reward'] for line in open(out)] == [1, 0, 0, 1]
+  assert 'stateful_python              4     0.500' in res.stdout, res.stdout
+  # Another tool beside the session's is refused, the known one named.
+  row = json.loads(open(rows).readline())
+  row['responses_create_params']['tools'].append(
+      {'type': 'function', 'name': 'shell'})
+  _assert_refused(tmp_path, row, 'field responses_create_params.tools names 2 '
+                  'tools, but the row has no '
+                  'expected_action, is no tool-call structured row and no '
+                  'math row whose only tool is stateful_python_code_exec')

@@ -52,6 +52,7 @@ _ALL = (
     tool_use.DOMAIN,
     preference.DOMAIN,
     nemo_gym_rl.DOMAIN,
+    nemo_gym_rl.PYTHON_DOMAIN,
 )
 for _d in _ALL:
   register(_d)

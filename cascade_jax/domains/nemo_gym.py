@@ -24,6 +24,10 @@ A row is one JSON object a line:
                            responses_create_params.tools; the input holds
                            the conversation so far, function calls and
                            their outputs included (`_tool_call`)
+    stateful_python        expected_answer, and responses_create_params.
+                           tools holding only stateful_python_code_exec
+                           (NeMo-Gym's ns_tools rows: math with a Python
+                           session; for RL, domain nemo_gym_python)
 
 A rollout row adds `response`, in the Responses API's output format:
 `output[]` items of type `message` whose `content[]` items of type
@@ -64,6 +68,9 @@ Verification follows the reference implementations:
   arguments (under `tool_payload_key` when set) validated the same way
   (missing_tool_call, multiple_tool_calls, wrong_tool_name,
   tool_arguments_parse_error, missing_tool_payload_key).
+- stateful Python (ns_tools): as math, on the rollout's message text (its
+  calls and their outputs are not the answer), as that server delegates to
+  the math server.
 - conversational tool use (NeMo-Gym's single-step tool-use server, the
   agentic tool-use RL set): the response's calls (else its text, a
   message) against the expected action, arguments compared as that server
@@ -89,6 +96,7 @@ from typing import Any
 
 from absl import logging
 
+from cascade_jax import envs
 from cascade_jax.domains import _base
 from cascade_jax.domains import _if_registry
 from cascade_jax.domains import _mcqa
@@ -100,7 +108,7 @@ from cascade_jax.sandbox import SANDBOX_ERROR
 from cascade_jax.sandbox import Sandbox
 
 KINDS = ('math', 'code', 'instruction_following', 'structured_output', 'mcqa',
-         'tool_call')
+         'tool_call', 'stateful_python')
 GRADING_MODES = ('binary', 'fraction')
 # One test's limits (LiveCodeBench's default per-test timeout is 6 s).
 TEST_LIMITS = Limits(wall_seconds=6.0, cpu_seconds=6, memory_bytes=1 << 30,
@@ -224,15 +232,23 @@ def parse_row(obj: Any, where: str) -> Row:
   tools = obj['responses_create_params'].get('tools') or []
   if 'expected_action' in obj:  # conversational tool use: the next action
     return _tool_row(obj, messages, tools, where)
+  answer, answer_at = _verifier_field(obj, 'expected_answer')
+  if tools and answer is not None and all(
+      isinstance(t, dict) and t.get('name') == envs.PYTHON_TOOL
+      for t in tools):           # math with a stateful Python session
+    return Row('stateful_python', _with_system(
+        messages, _tool_call.tools_text(tools)),
+               dict(expected_answer=_math_answer(answer, answer_at, where)),
+               obj, where)
   if tools and _verifier_field(obj, 'response_mode')[0] != 'tool_call':
     raise RowError(f'{where}: field responses_create_params.tools names '
-                   f'{len(tools)} tools, but the row has no expected_action '
-                   'and is no tool-call structured row (only those carry '
-                   'tools here)')
+                   f'{len(tools)} tools, but the row has no expected_action, '
+                   'is no tool-call structured row and no math row whose '
+                   f'only tool is {envs.PYTHON_TOOL} (only those carry tools '
+                   'here)')
   if 'options' in obj:        # multiple choice: its gold is a letter
     return Row('mcqa', messages, _mcqa_fields(obj, where), obj, where)
   ids, ids_at = _verifier_field(obj, 'instruction_id_list')
-  answer, answer_at = _verifier_field(obj, 'expected_answer')
   schema, schema_at = _verifier_field(obj, 'schema_str')
   meta = obj.get('verifier_metadata')
   tests = meta.get('unit_tests') if isinstance(meta, dict) else None
@@ -252,10 +268,7 @@ def parse_row(obj: Any, where: str) -> Row:
     if prompt:                 # the tools, shown as tool-use rows show them
       messages = _with_system(messages, prompt)
   elif kind == 'math':
-    if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
-      raise RowError(f'{where}: field {answer_at!r} must be a string or a '
-                     f'number, got {type(answer).__name__}')
-    fields = dict(expected_answer=str(answer))
+    fields = dict(expected_answer=_math_answer(answer, answer_at, where))
   elif kind == 'code':
     inputs = _get(tests, 'inputs', where, list)
     outputs = _get(tests, 'outputs', where, list)
@@ -291,6 +304,13 @@ def parse_row(obj: Any, where: str) -> Row:
                   kwargs=[k or {} for k in kwargs],
                   grading_mode=mode or 'binary', prompt=str(prompt))
   return Row(kind, messages, fields, obj, where)
+
+
+def _math_answer(answer, answer_at: str, where: str) -> str:
+  if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
+    raise RowError(f'{where}: field {answer_at!r} must be a string or a '
+                   f'number, got {type(answer).__name__}')
+  return str(answer)
 
 
 def _with_system(messages: list[dict], text: str) -> list[dict]:
@@ -576,7 +596,7 @@ def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
                            items[i][1]['outputs'], texts[i], sandbox): i
                for i in code}
     for i, ((kind, fields), text) in enumerate(zip(items, texts, strict=True)):
-      if kind == 'math':
+      if kind in ('math', 'stateful_python'):   # the episode's messages
         finish(i, *math_reward(fields['expected_answer'], text))
       elif kind == 'instruction_following':
         finish(i, *if_reward(fields, text))

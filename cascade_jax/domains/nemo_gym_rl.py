@@ -26,6 +26,12 @@ Rewards, per row kind (as `nemo_gym.verify_rows`):
   NeMo-Gym's single-step tool-use server compares them (`_tool_call`);
 - multiple choice (mcqa): the letter read in the row's grading mode is the
   gold one (`_mcqa`).
+
+Math rows with a stateful Python tool (kind stateful_python, NeMo-Gym's
+ns_tools) are domain `nemo_gym_python` (`--config.data.domain=
+nemo_gym_python`, or beside nemo_gym on the same files: each domain takes
+its own rows): episodes (`PythonMathEnv`) whose calls run in a Python
+session in the sandbox, rewarded by the math verdict on the episode's text.
 """
 
 from __future__ import annotations
@@ -35,14 +41,21 @@ import hashlib
 import json
 import os
 import random
+import re
 import threading
 
+from cascade_jax import envs
 from cascade_jax.domains import _base
 from cascade_jax.domains import _if_registry
 from cascade_jax.domains import nemo_gym
 from cascade_jax.sandbox import Sandbox
 
 NAME = 'nemo_gym'
+# Rows played as episodes (a Python session), domain `nemo_gym_python`.
+PYTHON_NAME = 'nemo_gym_python'
+SESSION_KINDS = ('stateful_python',)
+# Most tool calls one message runs (the rest answered with an error).
+MAX_CALLS_PER_TURN = 4
 _LOCK = threading.Lock()
 _SANDBOX: Sandbox | None = None
 
@@ -50,7 +63,8 @@ _SANDBOX: Sandbox | None = None
 def record(row: nemo_gym.Row) -> dict:
   """A row as a record of this domain."""
   key = json.dumps(row.messages, sort_keys=True)
-  return dict(id=hashlib.sha256(key.encode()).hexdigest()[:16], domain=NAME,
+  return dict(id=hashlib.sha256(key.encode()).hexdigest()[:16],
+              domain=PYTHON_NAME if row.kind in SESSION_KINDS else NAME,
               messages=row.messages, kind=row.kind, source=row.where,
               **row.fields)
 
@@ -79,24 +93,34 @@ def _read(files: str) -> tuple[dict, ...]:
   return tuple(out)
 
 
-def generate(*, split: str, n: int, seed: int, files: str = '',
-             eval_files: str = '', eval_fraction: float = 0.1,
-             levels=None, split_by: str = 'prompt') -> list[dict]:
+def _generate(name: str, session: bool, *, split: str, n: int, seed: int,
+              files: str = '', eval_files: str = '',
+              eval_fraction: float = 0.1, levels=None,
+              split_by: str = 'prompt') -> list[dict]:
   """Up to n records of a split (all of it when n is larger), in an order
-  drawn with seed."""
+  drawn with seed: the stateful-Python rows (`session`) or the others."""
   del levels, split_by        # the rows have no levels; split by prompt
   if split not in ('train', 'eval'):
-    raise ValueError(f"{NAME}: split must be 'train' or 'eval', got {split!r}")
+    raise ValueError(f"{name}: split must be 'train' or 'eval', got {split!r}")
   if split == 'eval' and eval_files:
     recs = list(_read(eval_files))
   else:
     recs = [r for r in _read(files) if eval_files or
             _base.split_of(r['id'], eval_fraction) == split]
+  other = [r for r in recs if (r['kind'] in SESSION_KINDS) != session]
+  recs = [r for r in recs if (r['kind'] in SESSION_KINDS) == session]
   if not recs:
-    raise ValueError(f'{NAME}: no {split} rows in {eval_files or files} '
-                     f'(eval_fraction={eval_fraction})')
+    raise ValueError(
+        f'{name}: no {split} rows in {eval_files or files} '
+        f'(eval_fraction={eval_fraction})' + (
+            f'; its {len(other)} rows are for domain '
+            f"{NAME if session else PYTHON_NAME}" if other else ''))
   random.Random(seed).shuffle(recs)
   return [dict(r) for r in recs[:n]]
+
+
+generate = functools.partial(_generate, NAME, False)
+generate_python = functools.partial(_generate, 'nemo_gym_python', True)
 
 
 def _sandbox() -> Sandbox:
@@ -125,9 +149,93 @@ def verify(records, responses, *, sandbox=None) -> list[_base.Score]:
   return out  # type: ignore[return-value]
 
 
+_PY_LOCK = threading.Lock()
+_PY_SANDBOX: list[Sandbox] = []
+
+
+def _python_sandbox() -> Sandbox:
+  with _PY_LOCK:
+    if not _PY_SANDBOX:
+      _PY_SANDBOX.append(Sandbox(envs.PYTHON_LIMITS))
+    return _PY_SANDBOX[0]
+
+
+_CALL_BLOCK = re.compile(re.escape(envs.TOOL_START) + '.*?' +
+                         re.escape(envs.TOOL_END), re.S)
+
+
+class PythonMathEnv:
+  """A stateful-Python math row (NeMo-Gym's ns_tools) as an episode.
+
+  Each `stateful_python_code_exec` call runs in the episode's
+  `envs.PythonSession` (in the sandbox) and its output is the observation;
+  the first message without a call ends the episode. Its reward is the
+  row's math verdict (`nemo_gym.math_reward`, as NeMo-Gym's math server
+  gives it) on the episode's assistant text (every message, calls and
+  thoughts removed): as that server reads a rollout's `message` items.
+  An episode cut by the turn or token budget earns 0 (NeMo-Gym's agent
+  would still verify what was written).
+  """
+
+  def __init__(self, sandbox: Sandbox):
+    self.session = envs.PythonSession(sandbox)
+    self.toolbox = envs.Toolbox([envs.Tool(
+        envs.PYTHON_TOOL, (('code', str),), self.session.run,
+        'Python code, run in a stateful session')])
+    self.record: dict | None = None
+    self.texts: list[str] = []
+
+  def reset(self, record: dict) -> list[dict]:
+    self.record, self.texts = record, []
+    return list(record['messages'])
+
+  def step(self, assistant: str) -> envs.Step:
+    if self.record is None:
+      raise RuntimeError('PythonMathEnv.step before reset')
+    text = _base.strip_think(assistant)
+    try:
+      calls = envs.parse_tool_calls(text)
+    except envs.ToolCallError as e:
+      return envs.Step((envs.tool_message(f'error: {e}'),))
+    self.texts.append(_CALL_BLOCK.sub('', text))
+    if not calls:
+      reward, details = nemo_gym.math_reward(self.record['expected_answer'],
+                                             ''.join(self.texts))
+      return envs.Step(reward=reward, done=True, info=dict(
+          details, passed=reward == 1.0, calls=self.session.calls,
+          timeouts=self.session.timeouts))
+    out = [envs.tool_message(self.toolbox.run(c))
+           for c in calls[:MAX_CALLS_PER_TURN]]
+    if len(calls) > MAX_CALLS_PER_TURN:
+      out.append(envs.tool_message(
+          f'error: at most {MAX_CALLS_PER_TURN} tool calls a message; the '
+          'rest were not run'))
+    return envs.Step(tuple(out))
+
+
+def make_python_env(record: dict, sandbox=None) -> PythonMathEnv:
+  """The episode's environment. Its calls run in a sandbox of their own
+  (`envs.PYTHON_LIMITS`: NeMo-Skills' 10 s a call), not the episodes'
+  shared tool sandbox (5 s)."""
+  del record, sandbox
+  return PythonMathEnv(_python_sandbox())
+
+
 DOMAIN = _base.Domain(
     name=NAME, generate=generate, verify=verify,
     required_fields=('kind',), needs_sandbox=True, from_files=True,
     description='NeMo-Gym RL rows (math, code, instruction following, '
                 'structured output) from '
                 'data.files')
+
+
+PYTHON_DOMAIN = _base.Domain(
+    name=PYTHON_NAME, generate=generate_python,
+    verify=_base.episode_only(PYTHON_NAME), env=make_python_env,
+    required_fields=('kind', 'expected_answer'), needs_sandbox=True,
+    from_files=True,
+    episode_limits=dict(max_turns=4, max_new_tokens=128,
+                        max_observation_tokens=128, max_tokens=1024),
+    description='NeMo-Gym math rows with a stateful Python session '
+                '(ns_tools: stateful_python_code_exec) from data.files, '
+                'played as episodes')

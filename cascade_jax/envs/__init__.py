@@ -26,3 +26,7 @@ from cascade_jax.envs._workspace import check_path
 from cascade_jax.envs._workspace import TOOL_LIMITS
 from cascade_jax.envs._workspace import Workspace
 from cascade_jax.envs._workspace import WorkspaceLimits
+from cascade_jax.envs._python import PYTHON_LIMITS
+from cascade_jax.envs._python import PYTHON_TOOL
+from cascade_jax.envs._python import PythonSession
+from cascade_jax.envs._python import session_program
