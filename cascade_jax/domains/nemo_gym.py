@@ -443,20 +443,6 @@ def _strip_math_delimiters(answer: str) -> str:
   return s
 
 
-def last_boxed(text: str) -> str | None:
-  """The contents of the last complete \\boxed{...} in `text` (braces
-  balanced), or None."""
-  start = text.rfind('\\boxed{')
-  if start < 0:
-    return None
-  depth, i = 1, start + len('\\boxed{')
-  for j in range(i, len(text)):
-    depth += {'{': 1, '}': -1}.get(text[j], 0)
-    if not depth:
-      return text[i:j]
-  return None
-
-
 def math_reward(expected_answer: str, response: str) -> tuple[float, dict]:
   """NeMo-Gym's math_with_judge without its judge: 0 unless the response
   (thoughts removed) has a complete, non-empty last \\boxed{}; then
@@ -475,7 +461,7 @@ def math_reward(expected_answer: str, response: str) -> tuple[float, dict]:
   if not gold.startswith('\\boxed{'):
     gold = '\\boxed{' + gold + '}'
   response = _base.strip_think(response)
-  if not (last_boxed(response) or '').strip():
+  if not (_mcqa.last_box(response) or '').strip():
     return 0.0, dict(error='no \\boxed{} answer')
   try:
     score, extracted = metric([gold], [response])

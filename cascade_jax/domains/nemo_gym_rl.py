@@ -54,8 +54,6 @@ NAME = 'nemo_gym'
 # Rows played as episodes (a Python session), domain `nemo_gym_python`.
 PYTHON_NAME = 'nemo_gym_python'
 SESSION_KINDS = ('stateful_python',)
-# Most tool calls one message runs (the rest answered with an error).
-MAX_CALLS_PER_TURN = 4
 _LOCK = threading.Lock()
 _SANDBOX: Sandbox | None = None
 
@@ -204,13 +202,7 @@ class PythonMathEnv:
       return envs.Step(reward=reward, done=True, info=dict(
           details, passed=reward == 1.0, calls=self.session.calls,
           timeouts=self.session.timeouts))
-    out = [envs.tool_message(self.toolbox.run(c))
-           for c in calls[:MAX_CALLS_PER_TURN]]
-    if len(calls) > MAX_CALLS_PER_TURN:
-      out.append(envs.tool_message(
-          f'error: at most {MAX_CALLS_PER_TURN} tool calls a message; the '
-          'rest were not run'))
-    return envs.Step(tuple(out))
+    return envs.Step(self.toolbox.answer(calls))
 
 
 def make_python_env(record: dict, sandbox=None) -> PythonMathEnv:

@@ -162,13 +162,7 @@ class ToolUseEnv:
       ok = answer_matches(got, self.rec['answer'])
       return envs.Step(reward=float(ok), done=True,
                        info=dict(passed=ok, predicted=got))
-    out = [envs.tool_message(self.toolbox.run(c))
-           for c in calls[:MAX_CALLS_PER_TURN]]
-    if len(calls) > MAX_CALLS_PER_TURN:
-      out.append(envs.tool_message(
-          f'error: at most {MAX_CALLS_PER_TURN} tool calls a message; the '
-          'rest were not run'))
-    return envs.Step(tuple(out))
+    return envs.Step(self.toolbox.answer(calls, MAX_CALLS_PER_TURN))
 
 
 def make_env(record, sandbox=None) -> ToolUseEnv:

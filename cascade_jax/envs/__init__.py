@@ -13,6 +13,7 @@ from cascade_jax.envs._patch import apply_unified_diff
 from cascade_jax.envs._patch import PatchError
 from cascade_jax.envs._tools import cap
 from cascade_jax.envs._tools import format_call
+from cascade_jax.envs._tools import MAX_CALLS_PER_TURN
 from cascade_jax.envs._tools import MAX_OUTPUT_CHARS
 from cascade_jax.envs._tools import parse_tool_calls
 from cascade_jax.envs._tools import Tool

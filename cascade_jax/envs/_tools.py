@@ -26,6 +26,8 @@ _CALL = re.compile(re.escape(TOOL_START) + r'(.*?)' + re.escape(TOOL_END),
 # observation that is returned (the rest cut, with a marker).
 MAX_CALL_CHARS = 4096
 MAX_OUTPUT_CHARS = 1200
+# Most calls one message runs (the rest answered with an error).
+MAX_CALLS_PER_TURN = 4
 
 
 class ToolCallError(ValueError):
@@ -145,6 +147,16 @@ class Toolbox:
                             f'{_type_name(t)}, got '
                             f'{type(call.arguments[p]).__name__}')
     return tool
+
+  def answer(self, calls: Sequence[ToolCall],
+             max_calls: int = MAX_CALLS_PER_TURN) -> tuple[dict, ...]:
+    """One message's calls answered: each run's output as a tool message,
+    at most `max_calls` of them, then an error message for the rest."""
+    out = [tool_message(self.run(c)) for c in calls[:max_calls]]
+    if len(calls) > max_calls:
+      out.append(tool_message(f'error: at most {max_calls} tool calls a '
+                              'message; the rest were not run'))
+    return tuple(out)
 
   def run(self, call: ToolCall) -> str:
     """The tool's output, or `error: ...` for a bad call (never raises).
