@@ -33,7 +33,9 @@ _RUN = flags.DEFINE_string('run', None, 'A cascade run directory.',
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where to write.',
                                required=True)
 _RM = flags.DEFINE_string('rm', 'rm', 'The Bradley-Terry stage.')
-_JUDGE = flags.DEFINE_string('judge', 'judge', 'The judge stage.')
+_JUDGE = flags.DEFINE_string('judge', 'judge', "The judge stage ('': the "
+                              'Bradley-Terry model alone, for a run without '
+                              'a judge, e.g. the default main job).')
 _POLICY = flags.DEFINE_string('policy', 'sft', 'The stage whose samples are '
                               'ranked.')
 _N = flags.DEFINE_integer('n', 256, 'Held-out prompts.')
@@ -41,9 +43,15 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Prompts and sampling seed.')
 
 
 def agreement_table(bt, judge, records, first, second, truth) -> dict:
-  """Each reward's agreement with `truth` (1: first better, 0: second)."""
+  """Each reward's agreement with `truth` (1: first better, 0: second);
+  `judge` None: the Bradley-Terry model's alone."""
   truth = np.asarray(truth, bool)
   s1, s2 = bt(records, first), bt(records, second)
+  out = dict(n=len(records),
+             bradley_terry=float(np.mean((s1 > s2) == truth)),
+             se=float(np.sqrt(0.25 / max(len(records), 1))))
+  if judge is None:
+    return out
   items = [(reward_model.Judge.question(r), a, b)
            for r, a, b in zip(records, first, second)]
   p = judge.prefers(items)
@@ -53,12 +61,9 @@ def agreement_table(bt, judge, records, first, second, truth) -> dict:
                                   (greedy[n:] == 1) == truth])
   verdict_right &= np.concatenate([greedy[:n] != 2, greedy[n:] != 2])
   return dict(
-      n=int(n),
-      bradley_terry=float(np.mean((s1 > s2) == truth)),
-      judge=float(np.mean((p > 0.5) == truth)),
+      out, judge=float(np.mean((p > 0.5) == truth)),
       judge_greedy_verdicts=float(np.mean(verdict_right)),
-      judge_position_bias=float(np.mean(p_ab) - 0.5),
-      se=float(np.sqrt(0.25 / max(n, 1))))
+      judge_position_bias=float(np.mean(p_ab) - 0.5))
 
 
 def main(argv):
@@ -68,15 +73,18 @@ def main(argv):
   meta, t0 = utils.provenance(), time.perf_counter()
   run = _RUN.value
   bt = reward_model.load(os.path.join(run, _RM.value))
-  judge_fn = reward_model.load(os.path.join(run, _JUDGE.value))
-  if not isinstance(judge_fn, reward_model.JudgeReward):
-    raise ValueError(f'{_JUDGE.value}: not a judge run')
-  judge = judge_fn.judge
-  with open(os.path.join(run, _JUDGE.value, 'config.json')) as f:
+  judge = None
+  if _JUDGE.value:
+    judge_fn = reward_model.load(os.path.join(run, _JUDGE.value))
+    if not isinstance(judge_fn, reward_model.JudgeReward):
+      raise ValueError(f'{_JUDGE.value}: not a judge run')
+    judge = judge_fn.judge
+  with open(os.path.join(run, _JUDGE.value or _RM.value, 'config.json')) as f:
     levels = tuple(json.load(f)['data']['levels'])
   held = domains.generate('preference', split='eval', n=_N.value,
                           seed=_SEED.value, levels=levels)
-  out = dict(meta=meta, run=run, policy=_POLICY.value, seed=_SEED.value)
+  out = dict(meta=meta, run=run, policy=_POLICY.value, seed=_SEED.value,
+             judge=_JUDGE.value)
   out['pairs'] = agreement_table(
       bt, judge, held, [r['chosen'] for r in held],
       [r['rejected'] for r in held], [True] * len(held))
@@ -101,13 +109,14 @@ def main(argv):
   path = os.path.join(_WORKDIR.value, 'agreement.json')
   with open(path, 'w') as f:
     json.dump(out, f, indent=2)
-  rows = [[k, out[k]['n'], f"{out[k]['bradley_terry']:.3f}",
-           f"{out[k]['judge']:.3f}", f"{out[k]['judge_greedy_verdicts']:.3f}",
-           f"{out[k]['judge_position_bias']:+.3f}", f"{out[k]['se']:.3f}"]
-          for k in ('pairs', 'samples')]
-  print(utils.format_table(['pairs of', 'n', 'Bradley-Terry', 'judge',
-                            'judge greedy (each order)', 'judge P(A)-0.5',
-                            'SE <='], rows))
+  cols = [('Bradley-Terry', 'bradley_terry', '.3f')] + (
+      [('judge', 'judge', '.3f'),
+       ('judge greedy (each order)', 'judge_greedy_verdicts', '.3f'),
+       ('judge P(A)-0.5', 'judge_position_bias', '+.3f')] if judge else [])
+  rows = [[k, out[k]['n']] + [format(out[k][c], f) for _, c, f in cols]
+          + [f"{out[k]['se']:.3f}"] for k in ('pairs', 'samples')]
+  print(utils.format_table(['pairs of', 'n'] + [h for h, _, _ in cols]
+                           + ['SE <='], rows))
   print(f'written: {path}')
 
 

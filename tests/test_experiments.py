@@ -126,6 +126,16 @@ def test_judge_agreement_ranks_pairs_beside_bradley_terry(quick_cascade,
     assert 0.0 <= res['pairs'][k] <= 1.0
   assert res['samples']['of_prompts'] == 16
   assert 'Bradley-Terry' in r.stdout
+  # A run without a judge (the default main job): the Bradley-Terry model
+  # alone, on the same pairs and samples.
+  r = _run('experiments.judge_agreement', f'--run={quick_cascade}', '--n=16',
+           '--judge=', f'--workdir={tmp_path}/bt')
+  assert r.returncode == 0, r.stderr
+  bt = json.load(open(tmp_path / 'bt' / 'agreement.json'))
+  for k in ('pairs', 'samples'):
+    assert bt[k] == {c: res[k][c] for c in bt[k]} and 'judge' not in bt[k]
+  header = next(x for x in r.stdout.splitlines() if 'pairs of' in x)
+  assert 'Bradley-Terry' in header and 'judge' not in header
 
 
 def test_readme_status_is_written_from_the_results():
