@@ -120,6 +120,7 @@ def test_the_domains_take_their_own_rows_of_a_file(tmp_path):
   assert env.session.sandbox.limits == envs.PYTHON_LIMITS
 
 
+@pytest.mark.slow  # ~11 s, not the default (the main job reads no NeMo-Gym rows): CI runs it
 def test_episodes_of_python_rows_run_through_the_sampler():
   # The rollout engine plays the rows as episodes with this domain's
   # environment (a random model: no call is expected, each episode ends).
