@@ -75,6 +75,9 @@ def test_the_environment_runs_calls_in_the_session_and_scores_the_answer(
   assert [m['content'] for m in convo if m['role'] == 'tool'] == [
       '', '385', '386']
   assert step.done and step.reward == 1.0 and step.info['calls'] == 3
+  env.reset(rec)                      # a new episode: a new session
+  assert env.step(_call('s')).messages[0]['content'] == (
+      "NameError: name 's' is not defined")
   # The reward reads the episode's text, calls removed: a boxed answer only
   # inside a call's code is no answer; a wrong one earns 0.
   _, step = envs.run_scripted(nemo_gym_rl.PythonMathEnv(sandbox), rec, [

@@ -118,7 +118,7 @@ def _generate(name: str, session: bool, *, split: str, n: int, seed: int,
 
 
 generate = functools.partial(_generate, NAME, False)
-generate_python = functools.partial(_generate, 'nemo_gym_python', True)
+generate_python = functools.partial(_generate, PYTHON_NAME, True)
 
 
 def _sandbox() -> Sandbox:
@@ -176,15 +176,17 @@ class PythonMathEnv:
   """
 
   def __init__(self, sandbox: Sandbox):
+    self.sandbox = sandbox
     self.session = envs.PythonSession(sandbox)
-    self.toolbox = envs.Toolbox([envs.Tool(
-        envs.PYTHON_TOOL, (('code', str),), self.session.run,
-        'Python code, run in a stateful session')])
     self.record: dict | None = None
     self.texts: list[str] = []
 
   def reset(self, record: dict) -> list[dict]:
     self.record, self.texts = record, []
+    self.session = envs.PythonSession(self.sandbox)   # a fresh session
+    self.toolbox = envs.Toolbox([envs.Tool(
+        envs.PYTHON_TOOL, (('code', str),), self.session.run,
+        'Python code, run in a stateful session')])
     return list(record['messages'])
 
   def step(self, assistant: str) -> envs.Step:
