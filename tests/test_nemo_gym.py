@@ -766,3 +766,7 @@ def test_stateful_python_rollouts_are_verified_as_the_math_server_does(
                   'tools, but the row has no '
                   'expected_action, is no tool-call structured row and no '
                   'math row whose only tool is stateful_python_code_exec')
+  row['responses_create_params']['tools'] = [
+      {'type': 'web_search', 'name': 'stateful_python_code_exec'}]
+  _assert_refused(tmp_path, row, 'field responses_create_params.tools[0] '
+                  'must be a function tool')

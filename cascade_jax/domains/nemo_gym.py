@@ -232,8 +232,11 @@ def parse_row(obj: Any, where: str) -> Row:
   if tools and answer is not None and all(
       isinstance(t, dict) and t.get('name') == envs.PYTHON_TOOL
       for t in tools):           # math with a stateful Python session
-    return Row('stateful_python', _with_system(
-        messages, _tool_call.tools_text(tools)),
+    try:
+      text = _tool_call.tools_text(tools)
+    except _tool_call.ToolRowError as e:
+      raise RowError(f'{where}: {e}') from None
+    return Row('stateful_python', _with_system(messages, text),
                dict(expected_answer=_math_answer(answer, answer_at, where)),
                obj, where)
   if tools and _verifier_field(obj, 'response_mode')[0] != 'tool_call':
