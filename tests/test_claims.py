@@ -277,11 +277,14 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['15_own_domain_hybrid']
   assert 'post_hoc' not in rules['16_forgetting_hybrid']
   assert 'post_hoc' not in rules['17_hybrid_rlhf']
-  assert list(rules)[-9:] == ['9_if_rl_reward', '10_mopd_recovers',
-                              '11_long_context_mix', '12_stage_order',
-                              '13_rlhf_kl_main', '14_mopd_gap',
-                              '15_own_domain_hybrid', '16_forgetting_hybrid',
-                              '17_hybrid_rlhf']
+  assert 'post_hoc' not in rules['18_math_hybrid']
+  assert 'post_hoc' not in rules['19_if_rl_reward_hybrid']
+  assert list(rules)[-11:] == ['9_if_rl_reward', '10_mopd_recovers',
+                               '11_long_context_mix', '12_stage_order',
+                               '13_rlhf_kl_main', '14_mopd_gap',
+                               '15_own_domain_hybrid', '16_forgetting_hybrid',
+                               '17_hybrid_rlhf', '18_math_hybrid',
+                               '19_if_rl_reward_hybrid']
 
 
 # ----------------------------------------------------------- history
