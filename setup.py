@@ -37,6 +37,9 @@ setuptools.setup(
         'openapi-schema-validator>=0.6',
         'pyyaml>=6',
         'xmltodict>=0.13',   # XML rows: the reference's parser
+        # Workplace-assistant rows: the reference keeps its tables in pandas,
+        # and its verdict is pandas' DataFrame.equals.
+        'pandas>=2.2',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',
         # Pallas kernels for the MoE grouped matmul and attention on GPU / TPU

@@ -1,11 +1,15 @@
 """Verifies NeMo-Gym rollout rows: each row back, in order, with its reward.
 
   python -m experiments.verify --rows=rollouts.jsonl --out=verified.jsonl
+  python -m experiments.verify --rows=workplace.jsonl --out=verified.jsonl \
+      --workplace_db=Gym/resources_servers/workplace_assistant/csv_data
 
 Rows are NeMo-Gym's (the public RL set's format plus the rollout's
 `response`, Responses API output); see cascade_jax/domains/nemo_gym.py for
 the fields each kind needs and how it is verified (math: math-verify alone;
-code: the sandbox, stdin / stdout tests as LiveCodeBench runs them).
+code: the sandbox, stdin / stdout tests as LiveCodeBench runs them;
+workplace assistant: the state its calls leave in the tables of
+--workplace_db, which the rows do not carry).
 Every row is read and checked before any is verified: a malformed one stops
 the run naming its file, line and field, and nothing is written. The table
 at the end gives each kind's rows and mean reward with its standard error.
@@ -33,6 +37,9 @@ _WORKERS = flags.DEFINE_integer('workers', os.cpu_count() or 1,
 _TEST_SECONDS = flags.DEFINE_float(
     'test_seconds', nemo_gym.TEST_LIMITS.wall_seconds,
     "A code test's wall-clock (and CPU) limit.")
+_WORKPLACE_DB = flags.DEFINE_string(
+    'workplace_db', '', "Workplace-assistant rows' tables: a directory with "
+    "NeMo-Gym's workplace_assistant CSVs (default: $CASCADE_JAX_WORKPLACE_DB).")
 
 
 def summary(rows: list[dict], kinds: list[str]) -> str:
@@ -59,8 +66,8 @@ def summary(rows: list[dict], kinds: list[str]) -> str:
 
 
 def verify_file(rows_path: str, out_path: str, *, workers: int = 1,
-                test_seconds: float = nemo_gym.TEST_LIMITS.wall_seconds
-                ) -> list[dict]:
+                test_seconds: float = nemo_gym.TEST_LIMITS.wall_seconds,
+                workplace_db: str = '') -> list[dict]:
   rows = nemo_gym.read_rows(rows_path)
   limits = dataclasses.replace(nemo_gym.TEST_LIMITS, wall_seconds=test_seconds,
                                cpu_seconds=max(1, math.ceil(test_seconds)))
@@ -75,7 +82,7 @@ def verify_file(rows_path: str, out_path: str, *, workers: int = 1,
                    time.time() - t0)
 
   out = nemo_gym.verify_rows(rows, sandbox=sandbox, workers=workers,
-                             progress=progress)
+                             progress=progress, workplace_db=workplace_db)
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   tmp = out_path + '.tmp'
   with open(tmp, 'w', encoding='utf-8') as f:
@@ -89,7 +96,8 @@ def verify_file(rows_path: str, out_path: str, *, workers: int = 1,
 def main(argv):
   del argv
   verify_file(_ROWS.value, _OUT.value, workers=_WORKERS.value,
-              test_seconds=_TEST_SECONDS.value)
+              test_seconds=_TEST_SECONDS.value,
+              workplace_db=_WORKPLACE_DB.value)
 
 
 if __name__ == '__main__':

@@ -28,6 +28,10 @@ A row is one JSON object a line:
                            tools holding only stateful_python_code_exec
                            (NeMo-Gym's ns_tools rows: math with a Python
                            session; for RL, domain nemo_gym_python)
+    workplace              ground_truth (the calls that do the task) and
+                           the tools; environment_name workplace_assistant
+                           (WorkBench: `_workplace`, the tables it acts on
+                           given with --workplace_db)
 
 A rollout row adds `response`, in the Responses API's output format:
 `output[]` items of type `message` whose `content[]` items of type
@@ -76,6 +80,10 @@ Verification follows the reference implementations:
   message) against the expected action, arguments compared as that server
   compares them (word overlap for strings, a tolerance for numbers, calls
   matched as a multiset); `_tool_call`.
+- workplace assistant (`_workplace`): the response's `function_call`
+  items run on fresh copies of the tables, the ground truth's on others; 1
+  when the tables they leave are equal (strings without case, as the
+  reference compares them).
 - multiple choice (NeMo-Gym's mcqa server, the knowledge-MCQA RL set): the
   letter read from the response as that server reads it in the row's
   grading mode (`_mcqa`: the last boxed letter by default, `Answer:` lines,
@@ -102,12 +110,13 @@ from cascade_jax.domains._stdio_tests import last_fenced_block  # noqa: F401
 from cascade_jax.domains._stdio_tests import outputs_match  # noqa: F401
 from cascade_jax.domains._stdio_tests import TEST_LIMITS
 from cascade_jax.domains import _tool_call
+from cascade_jax.domains import _workplace
 from cascade_jax.domains._structured import SCHEMA_TYPES
 from cascade_jax.domains._structured import structured_reward
 from cascade_jax.sandbox import Sandbox
 
 KINDS = ('math', 'code', 'instruction_following', 'structured_output', 'mcqa',
-         'tool_call', 'stateful_python')
+         'tool_call', 'stateful_python', 'workplace')
 GRADING_MODES = ('binary', 'fraction')
 
 
@@ -228,6 +237,15 @@ def parse_row(obj: Any, where: str) -> Row:
   tools = obj['responses_create_params'].get('tools') or []
   if 'expected_action' in obj:  # conversational tool use: the next action
     return _tool_row(obj, messages, tools, where)
+  if _workplace.is_row(obj):    # WorkBench: the calls that do the task
+    try:
+      fields = dict(ground_truth=_workplace.calls_field(
+          obj.get('ground_truth'), 'ground_truth'))
+      text = _tool_call.tools_text(tools) if tools else ''
+    except (ValueError, _tool_call.ToolRowError) as e:
+      raise RowError(f'{where}: {e}') from None
+    return Row('workplace', _with_system(messages, text) if text else
+               messages, fields, obj, where)
   answer, answer_at = _verifier_field(obj, 'expected_answer')
   if tools and answer is not None and all(
       isinstance(t, dict) and t.get('name') == envs.PYTHON_TOOL
@@ -409,6 +427,8 @@ def _structured_fields(obj: dict, schema, schema_at: str, where: str) -> dict:
 def response_text(row: Row) -> str:
   """The answer text of a rollout row's `response` (Responses API output)."""
   output = _get(row.raw, 'response.output', row.where, list)
+  if row.kind == 'workplace':                # the calls are the answer
+    return json.dumps(_workplace.response_calls(output))
   texts = []
   for j, item in enumerate(output):
     if ((row.kind == 'tool_call' or row.fields.get('response_mode') ==
@@ -487,7 +507,8 @@ def if_reward(fields: dict, response: str) -> tuple[float, dict, dict]:
 
 
 def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
-               sandbox: Sandbox | None, workers: int, finish) -> None:
+               sandbox: Sandbox | None, workers: int, finish,
+               workplace_db: str = '') -> None:
   """Each (kind, verifier fields) item's reward for its text, reported as
   `finish(i, reward, details, extra)` when decided: code on a pool of
   `workers` threads through `sandbox`, math and instruction following on
@@ -508,6 +529,8 @@ def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
         finish(i, *_mcqa.reward(fields, text))
       elif kind == 'tool_call':
         finish(i, *_tool_call.reward(fields, text))
+      elif kind == 'workplace':   # the text: the calls, as JSON
+        finish(i, *_workplace.verdict(json.loads(text), fields, workplace_db))
       elif kind != 'code':
         raise ValueError(f'nemo_gym: item {i} has kind {kind!r}; known: '
                          f'{KINDS}')
@@ -516,7 +539,8 @@ def reward_all(items: Sequence[tuple[str, dict]], texts: Sequence[str], *,
 
 
 def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
-                workers: int = 1, progress=None) -> list[dict]:
+                workers: int = 1, progress=None,
+                workplace_db: str = '') -> list[dict]:
   """Each rollout row as read, with `reward` and the verifier's details
   (`verifier_details`), in order. Rows of a kind not verifiable here are
   refused before any work, named."""
@@ -530,6 +554,9 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
         f'instructions that cannot be checked here: '
         f'{dict(sorted(ids.items())[:12])}{" ..." if len(ids) > 12 else ""}')
   texts = [response_text(r) for r in rows]      # every row checked first
+  if any(r.kind == 'workplace' for r in rows):   # its tables, before work
+    workplace_db = _workplace.find_db(workplace_db)
+    _workplace.load(workplace_db)
   sandbox = sandbox or (Sandbox(TEST_LIMITS, workers=workers)
                         if any(r.kind == 'code' for r in rows) else None)
 
@@ -545,5 +572,5 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
       progress(done, len(rows))
 
   reward_all([(r.kind, r.fields) for r in rows], texts, sandbox=sandbox,
-             workers=workers, finish=finish)
+             workers=workers, finish=finish, workplace_db=workplace_db)
   return out
