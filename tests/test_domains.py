@@ -23,7 +23,7 @@ def test_registry_has_one_domain_per_recipe_stage():
                       'long_context', 'swe', 'swe_agent', 'tool_use',
                       'preference'}
   assert set(domains.names(from_files=True)) == set(ALL) | {
-      'nemo_gym', 'nemo_gym_python'}
+      'nemo_gym', 'nemo_gym_python', 'nemo_gym_workplace'}
   with pytest.raises(ValueError, match="unknown domain 'chess'"):
     domains.get('chess')
 

@@ -178,3 +178,119 @@ def test_experiments_verify_scores_workplace_rollouts(tmp_path, capsys,
   with pytest.raises(_workplace.DatabaseError):   # before any work
     verify.verify_file(src, str(tmp_path / 'none.jsonl'))
   assert not (tmp_path / 'none.jsonl').exists()
+
+
+# --------------------------------------------------------------- RL domain
+
+def test_workplace_rows_are_their_own_episode_domain(monkeypatch):
+  from cascade_jax import domains  # pylint: disable=g-import-not-at-top
+  from cascade_jax.domains import nemo_gym_rl  # pylint: disable=g-import-not-at-top
+  rows = os.path.join(DATA, 'workplace.jsonl')
+  recs = nemo_gym_rl.generate_workplace(split='train', n=9, seed=0,
+                                        files=rows, eval_fraction=0.0,
+                                        workplace_db=DB)
+  assert len(recs) == 4 and {r['domain'] for r in recs} == {
+      'nemo_gym_workplace'}
+  assert all(r['workplace_db'] == os.path.abspath(DB) for r in recs)
+  with pytest.raises(ValueError, match='its 4 rows are for domain '
+                     'nemo_gym_workplace'):
+    nemo_gym_rl.generate(split='train', n=9, seed=0, files=rows,
+                         eval_fraction=0.0)
+  monkeypatch.delenv(_workplace.ENV_VAR, raising=False)
+  with pytest.raises(_workplace.DatabaseError, match='workplace_db'):
+    nemo_gym_rl.generate_workplace(split='train', n=9, seed=0, files=rows,
+                                   eval_fraction=0.0)
+  with pytest.raises(ValueError, match='unknown data options'):
+    nemo_gym_rl.generate_python(split='train', n=9, seed=0, files=rows,
+                                workplace_db=DB)
+  dom = domains.get('nemo_gym_workplace')
+  assert dom.env is nemo_gym_rl.make_workplace_env and dom.from_files
+
+
+def test_a_workplace_episode_acts_on_its_own_tables_and_is_judged_by_them():
+  from cascade_jax import envs  # pylint: disable=g-import-not-at-top
+  from cascade_jax.domains import nemo_gym_rl  # pylint: disable=g-import-not-at-top
+  recs = nemo_gym_rl.generate_workplace(
+      split='train', n=9, seed=0, files=os.path.join(DATA, 'workplace.jsonl'),
+      eval_fraction=0.0, workplace_db=DB)
+  rec = next(r for r in recs if r['ground_truth'][0]['name'] ==
+             'project_management_update_task')
+  good = [envs.format_call('project_management_search_tasks',
+                           task_name='login'),
+          envs.format_call('project_management_update_task',
+                           task_id='00000001', field='list_name',
+                           new_value='In Progress') +
+          envs.format_call('project_management_update_task',
+                           task_id='00000001', field='assigned_to_email',
+                           new_value='ada.obi@acme.com'),
+          'Done.']
+  env = nemo_gym_rl.make_workplace_env(rec)
+  convo, last = envs.run_scripted(env, rec, good)
+  assert last.done and last.reward == 1.0 and last.info['passed']
+  found = json.loads(convo[3]['content'])
+  assert found[0]['task_id'] == '00000001'
+  assert [m['content'] for m in convo[5:7]] == [
+      '"Task updated successfully."'] * 2
+  # Another episode starts from the tables as read: half the job earns 0.
+  env = nemo_gym_rl.make_workplace_env(rec)
+  convo, last = envs.run_scripted(env, rec, [good[1].split('</tool_call>')[0]
+                                             + '</tool_call>', 'Done.'])
+  assert last.done and last.reward == 0.0
+  assert last.info['tables_differ'] == ['tasks']
+  # A bad call is an observation the model reads; the tool's own errors too.
+  env = nemo_gym_rl.make_workplace_env(rec)
+  convo, last = envs.run_scripted(env, rec, [
+      '<tool_call>{"name": </tool_call>',
+      envs.format_call('project_management_update_task', task_id='1',
+                       colour='red'),
+      envs.format_call('customer_relationship_manager_search_customers',
+                       customer_name='Riley')])
+  assert convo[-5]['content'].startswith('error: tool call is not valid JSON')
+  assert convo[-3]['content'].startswith(
+      "Error executing tool 'project_management_update_task'")
+  # pandas' missing values reach the model as JSON nulls.
+  assert json.loads(convo[-1]['content'])['customers'][0][
+      'customer_phone'] is None
+  assert not last.done
+
+
+def test_an_rl_stage_gives_the_row_files_to_every_nemo_gym_domain():
+  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+  data = dict(domain='nemo_gym_workplace', files='a.jsonl', eval_files='',
+              n_train=8, per_domain={'nemo_gym_workplace': dict(
+                  workplace_db=DB)})
+  assert _stage.domain_options(data, 'nemo_gym_workplace') == dict(
+      files='a.jsonl', eval_files='', workplace_db=DB)
+  assert 'files' not in _stage.domain_options(data, 'math')
+
+
+@pytest.mark.slow  # ~10 s, not the default (the main job reads no NeMo-Gym rows): CI runs it
+def test_workplace_episodes_run_through_the_sampler():
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from cascade_jax import data, model, rollout  # pylint: disable=g-import-not-at-top
+  from cascade_jax.domains import nemo_gym_rl  # pylint: disable=g-import-not-at-top
+  recs = nemo_gym_rl.generate_workplace(
+      split='train', n=4, seed=0, files=os.path.join(DATA, 'workplace.jsonl'),
+      eval_fraction=0.0, workplace_db=DB)
+  tok = data.train_tokenizer(
+      [m['content'] for r in recs for m in r['messages']] * 5, 300)
+  m = model.Transformer(model.tiny(vocab_size=tok.vocab_size),
+                        rngs=nnx.Rngs(0))
+  ec = rollout.EpisodeConfig(max_turns=2, max_new_tokens=8,
+                             max_observation_tokens=32, max_tokens=2048)
+  made = []
+
+  def make(record, sandbox):
+    made.append(rollout.make_env(record, sandbox))
+    return made[-1]
+
+  eps = rollout.run_episodes(m, tok, recs, cfg=ec,
+                             sample=rollout.SampleConfig(temperature=1.0),
+                             key=jax.random.key(0), make=make)
+  assert len(made) == 4 and all(
+      isinstance(e, nemo_gym_rl.WorkplaceEnv) for e in made)
+  # A random model calls nothing: every table stays as read, and only a
+  # task whose ground truth changes nothing could earn 1 (none here).
+  assert len(eps) == 4 and all(e.end in rollout.ENDS for e in eps)
+  assert all(e.reward == 0.0 for e in eps)

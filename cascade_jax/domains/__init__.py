@@ -53,6 +53,7 @@ _ALL = (
     preference.DOMAIN,
     nemo_gym_rl.DOMAIN,
     nemo_gym_rl.PYTHON_DOMAIN,
+    nemo_gym_rl.WORKPLACE_DOMAIN,
 )
 for _d in _ALL:
   register(_d)

@@ -32,6 +32,12 @@ ns_tools) are domain `nemo_gym_python` (`--config.data.domain=
 nemo_gym_python`, or beside nemo_gym on the same files: each domain takes
 its own rows): episodes (`PythonMathEnv`) whose calls run in a Python
 session in the sandbox, rewarded by the math verdict on the episode's text.
+Workplace-assistant rows (kind workplace, WorkBench) are domain
+`nemo_gym_workplace`: episodes (`WorkplaceEnv`) whose calls act on the
+episode's own copy of the tables (`_workplace`; their directory from
+`data.per_domain.nemo_gym_workplace.workplace_db` or
+$CASCADE_JAX_WORKPLACE_DB), rewarded 1 when the tables end as the ground
+truth's calls leave them.
 """
 
 from __future__ import annotations
@@ -47,13 +53,20 @@ import threading
 from cascade_jax import envs
 from cascade_jax.domains import _base
 from cascade_jax.domains import _if_registry
+from cascade_jax.domains import _workplace
 from cascade_jax.domains import nemo_gym
 from cascade_jax.sandbox import Sandbox
 
 NAME = 'nemo_gym'
-# Rows played as episodes (a Python session), domain `nemo_gym_python`.
+# Rows played as episodes: a Python session (domain `nemo_gym_python`), a
+# workplace's tables (`nemo_gym_workplace`).
 PYTHON_NAME = 'nemo_gym_python'
-SESSION_KINDS = ('stateful_python',)
+WORKPLACE_NAME = 'nemo_gym_workplace'
+EPISODE_DOMAINS = {'stateful_python': PYTHON_NAME,
+                   'workplace': WORKPLACE_NAME}
+SESSION_KINDS = tuple(EPISODE_DOMAINS)
+# The domains that read data.files / data.eval_files (each its own rows).
+FILE_DOMAINS = (NAME, PYTHON_NAME, WORKPLACE_NAME)
 _LOCK = threading.Lock()
 _SANDBOX: Sandbox | None = None
 
@@ -62,7 +75,7 @@ def record(row: nemo_gym.Row) -> dict:
   """A row as a record of this domain."""
   key = json.dumps(row.messages, sort_keys=True)
   return dict(id=hashlib.sha256(key.encode()).hexdigest()[:16],
-              domain=PYTHON_NAME if row.kind in SESSION_KINDS else NAME,
+              domain=EPISODE_DOMAINS.get(row.kind, NAME),
               messages=row.messages, kind=row.kind, source=row.where,
               **row.fields)
 
@@ -91,13 +104,15 @@ def _read(files: str) -> tuple[dict, ...]:
   return tuple(out)
 
 
-def _generate(name: str, session: bool, *, split: str, n: int, seed: int,
+def _generate(name: str, *, split: str, n: int, seed: int,
               files: str = '', eval_files: str = '',
               eval_fraction: float = 0.1, levels=None,
-              split_by: str = 'prompt') -> list[dict]:
+              split_by: str = 'prompt', **options) -> list[dict]:
   """Up to n records of a split (all of it when n is larger), in an order
-  drawn with seed: the stateful-Python rows (`session`) or the others."""
+  drawn with seed: the rows of domain `name` (each kind its domain)."""
   del levels, split_by        # the rows have no levels; split by prompt
+  if set(options) - ({'workplace_db'} if name == WORKPLACE_NAME else set()):
+    raise ValueError(f'{name}: unknown data options {sorted(options)}')
   if split not in ('train', 'eval'):
     raise ValueError(f"{name}: split must be 'train' or 'eval', got {split!r}")
   if split == 'eval' and eval_files:
@@ -105,20 +120,26 @@ def _generate(name: str, session: bool, *, split: str, n: int, seed: int,
   else:
     recs = [r for r in _read(files) if eval_files or
             _base.split_of(r['id'], eval_fraction) == split]
-  other = [r for r in recs if (r['kind'] in SESSION_KINDS) != session]
-  recs = [r for r in recs if (r['kind'] in SESSION_KINDS) == session]
+  other = sorted({r['domain'] for r in recs} - {name})
+  n_other = sum(r['domain'] != name for r in recs)
+  recs = [r for r in recs if r['domain'] == name]
   if not recs:
     raise ValueError(
         f'{name}: no {split} rows in {eval_files or files} '
         f'(eval_fraction={eval_fraction})' + (
-            f'; its {len(other)} rows are for domain '
-            f"{NAME if session else PYTHON_NAME}" if other else ''))
+            f'; its {n_other} rows are for domain {", ".join(other)}'
+            if other else ''))
   random.Random(seed).shuffle(recs)
-  return [dict(r) for r in recs[:n]]
+  extra = {}
+  if name == WORKPLACE_NAME:         # the tables, found and read now
+    extra['workplace_db'] = _workplace.find_db(options.get('workplace_db', ''))
+    _workplace.load(extra['workplace_db'])
+  return [dict(r, **extra) for r in recs[:n]]
 
 
-generate = functools.partial(_generate, NAME, False)
-generate_python = functools.partial(_generate, PYTHON_NAME, True)
+generate = functools.partial(_generate, NAME)
+generate_python = functools.partial(_generate, PYTHON_NAME)
+generate_workplace = functools.partial(_generate, WORKPLACE_NAME)
 
 
 def _sandbox() -> Sandbox:
@@ -215,6 +236,74 @@ def make_python_env(record: dict, sandbox=None) -> PythonMathEnv:
   return PythonMathEnv(_python_sandbox())
 
 
+def _plain(obj):
+  """A tool's output with pandas' missing values (NaN) as JSON nulls."""
+  if isinstance(obj, dict):
+    return {str(k): _plain(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_plain(v) for v in obj]
+  if isinstance(obj, float) and obj != obj:
+    return None
+  return obj
+
+
+class WorkplaceEnv:
+  """A workplace-assistant row (WorkBench) as an episode.
+
+  Each call (`<tool_call>{"name", "arguments"}</tool_call>`, at most
+  `envs.MAX_CALLS_PER_TURN` a message) runs on the episode's own copy of
+  the tables; its output (JSON) or the reference's error text is the
+  observation. The first message without a call ends the episode; its
+  reward is the reference's verdict on the calls made (`_workplace`): the
+  tables they leave against the ground truth's. The tools are deterministic
+  functions over the tables (no model code runs), as `envs` tools are.
+  """
+
+  def __init__(self):
+    self.record: dict | None = None
+    self.calls: list[dict] = []
+
+  def reset(self, record: dict) -> list[dict]:
+    self.record, self.calls = record, []
+    self.workplace = _workplace.Workplace(
+        _workplace.load(record['workplace_db']))
+    return list(record['messages'])
+
+  def _run(self, call: envs.ToolCall) -> str:
+    self.calls.append(dict(name=call.name,
+                           arguments=json.dumps(call.arguments)))
+    try:
+      out = self.workplace.run(call.name, call.arguments)
+    except Exception as e:  # pylint: disable=broad-except
+      return f"Error executing tool '{call.name}': {e}"   # as the reference
+    text = json.dumps(_plain(out), default=str)
+    return (text if len(text) <= envs.MAX_OUTPUT_CHARS else
+            text[:envs.MAX_OUTPUT_CHARS] + ' ... [cut]')
+
+  def step(self, assistant: str) -> envs.Step:
+    if self.record is None:
+      raise RuntimeError('WorkplaceEnv.step before reset')
+    try:
+      calls = envs.parse_tool_calls(_base.strip_think(assistant))
+    except envs.ToolCallError as e:
+      return envs.Step((envs.tool_message(f'error: {e}'),))
+    if not calls:
+      reward, details = _workplace.verdict(self.calls, self.record)
+      return envs.Step(reward=reward, done=True,
+                       info=dict(details, passed=reward == 1.0))
+    limit = envs.MAX_CALLS_PER_TURN
+    out = [envs.tool_message(self._run(c)) for c in calls[:limit]]
+    if len(calls) > limit:
+      out.append(envs.tool_message(f'error: at most {limit} tool calls a '
+                                   'message; the rest were not run'))
+    return envs.Step(tuple(out))
+
+
+def make_workplace_env(record: dict, sandbox=None) -> WorkplaceEnv:
+  del record, sandbox
+  return WorkplaceEnv()
+
+
 DOMAIN = _base.Domain(
     name=NAME, generate=generate, verify=verify,
     required_fields=('kind',), needs_sandbox=True, from_files=True,
@@ -233,3 +322,17 @@ PYTHON_DOMAIN = _base.Domain(
     description='NeMo-Gym math rows with a stateful Python session '
                 '(ns_tools: stateful_python_code_exec) from data.files, '
                 'played as episodes')
+
+
+WORKPLACE_DOMAIN = _base.Domain(
+    name=WORKPLACE_NAME, generate=generate_workplace,
+    verify=_base.episode_only(WORKPLACE_NAME), env=make_workplace_env,
+    required_fields=('kind', 'ground_truth', 'workplace_db'),
+    needs_sandbox=False, from_files=True,
+    # NeMo-Gym's agent gives a task 6 tool-calling steps.
+    episode_limits=dict(max_turns=7, max_new_tokens=128,
+                        max_observation_tokens=256, max_tokens=2048),
+    description='NeMo-Gym workplace-assistant rows (WorkBench: email, '
+                'calendar, analytics, project management, CRM tools) from '
+                'data.files, played as episodes against the tables of '
+                'workplace_db')

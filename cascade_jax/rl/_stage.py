@@ -144,7 +144,7 @@ def domain_options(data: dict, domain: str) -> dict:
   files = ('files', 'eval_files')
   out = {k: v for k, v in data.items()
          if k not in ('domain', 'n_train', 'per_domain') + files}
-  if domain == domains.nemo_gym_rl.NAME:
+  if domain in domains.nemo_gym_rl.FILE_DOMAINS:
     out.update({k: data[k] for k in files if k in data})
   return {**out, **((data.get('per_domain') or {}).get(domain) or {})}
 
@@ -159,10 +159,10 @@ def _stage_data(config, *, evals: bool = True) -> _Data:
     raise ValueError(f'rl stage: data.per_domain names {unknown}, which are '
                      f'not among the stage\'s domains {doms}')
   if ((data.get('files') or data.get('eval_files')) and
-      domains.nemo_gym_rl.NAME not in doms):
+      not set(domains.nemo_gym_rl.FILE_DOMAINS) & set(doms)):
     raise ValueError(f"rl stage: data.files / data.eval_files are read by the "
-                     f"'{domains.nemo_gym_rl.NAME}' domain, which is not among "
-                     f'the stage\'s domains {doms}')
+                     f'NeMo-Gym domains {domains.nemo_gym_rl.FILE_DOMAINS}, '
+                     f'none of which is among the stage\'s domains {doms}')
   n_train = data['n_train']
   opts = {d: domain_options(data, d) for d in doms}
   stream = PromptStream([r for d in doms for r in domains.generate(
