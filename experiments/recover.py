@@ -13,6 +13,8 @@ refills), steps and learning rate. Each is scored against its start on
 every domain as the cascade scores a stage (the run's own seed:
 --config.seed), in WORKDIR/mopd/rerun.json and WORKDIR/grpo/rerun.json,
 with the teachers chosen, every candidate's score and the provenance.
+`--stage_seed` seeds the arms' training only (reruns over seeds from one
+run are scored on the same prompts with the same sampling keys).
 """
 
 import json
@@ -39,6 +41,9 @@ _AFTER = flags.DEFINE_string('after', 'long_context_rl', 'The stage that did '
 _DOMAINS = flags.DEFINE_list('domains', ['math', 'code'], 'The damaged '
                              'domains both arms train on.')
 _ARMS = flags.DEFINE_list('arms', ['mopd', 'grpo'], 'Which arms to run.')
+_SEED = flags.DEFINE_integer('stage_seed', None, "The arms' training seed "
+                             "(default: the cascade's); the evaluation keeps "
+                             "the cascade's.")
 
 
 def best_teachers(config, run: str, after: str, domains) -> tuple[dict, dict]:
@@ -85,6 +90,7 @@ def main(argv):
   for arm in _ARMS.value:
     rows = cascade.rerun_stage(
         c, _RUN.value, f'{arm}_recover', os.path.join(_WORKDIR.value, arm),
+        stage_seed=_SEED.value,
         extra=dict(recover=dict(after=_AFTER.value, teachers=teachers,
                                 candidates=candidates)))
     print(cascade.rerun_table(rows, f'{arm}: domain'), flush=True)
