@@ -276,9 +276,8 @@ class WorkplaceEnv:
       out = self.workplace.run(call.name, call.arguments)
     except Exception as e:  # pylint: disable=broad-except
       return f"Error executing tool '{call.name}': {e}"   # as the reference
-    text = json.dumps(_plain(out), default=str)
-    return (text if len(text) <= envs.MAX_OUTPUT_CHARS else
-            text[:envs.MAX_OUTPUT_CHARS] + ' ... [cut]')
+    return envs.cap(json.dumps(_plain(out), default=str),
+                    envs.MAX_OUTPUT_CHARS)
 
   def step(self, assistant: str) -> envs.Step:
     if self.record is None:
@@ -291,12 +290,7 @@ class WorkplaceEnv:
       reward, details = _workplace.verdict(self.calls, self.record)
       return envs.Step(reward=reward, done=True,
                        info=dict(details, passed=reward == 1.0))
-    limit = envs.MAX_CALLS_PER_TURN
-    out = [envs.tool_message(self._run(c)) for c in calls[:limit]]
-    if len(calls) > limit:
-      out.append(envs.tool_message(f'error: at most {limit} tool calls a '
-                                   'message; the rest were not run'))
-    return envs.Step(tuple(out))
+    return envs.Step(envs.answer_calls(calls, self._run))
 
 
 def make_workplace_env(record: dict, sandbox=None) -> WorkplaceEnv:

@@ -11,6 +11,7 @@ from cascade_jax.envs._api import SingleTurn
 from cascade_jax.envs._api import Step
 from cascade_jax.envs._patch import apply_unified_diff
 from cascade_jax.envs._patch import PatchError
+from cascade_jax.envs._tools import answer_calls
 from cascade_jax.envs._tools import cap
 from cascade_jax.envs._tools import format_call
 from cascade_jax.envs._tools import MAX_CALLS_PER_TURN

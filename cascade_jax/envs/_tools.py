@@ -150,13 +150,8 @@ class Toolbox:
 
   def answer(self, calls: Sequence[ToolCall],
              max_calls: int = MAX_CALLS_PER_TURN) -> tuple[dict, ...]:
-    """One message's calls answered: each run's output as a tool message,
-    at most `max_calls` of them, then an error message for the rest."""
-    out = [tool_message(self.run(c)) for c in calls[:max_calls]]
-    if len(calls) > max_calls:
-      out.append(tool_message(f'error: at most {max_calls} tool calls a '
-                              'message; the rest were not run'))
-    return tuple(out)
+    """One message's calls answered by this toolbox (`answer_calls`)."""
+    return answer_calls(calls, self.run, max_calls)
 
   def run(self, call: ToolCall) -> str:
     """The tool's output, or `error: ...` for a bad call (never raises).
@@ -173,6 +168,18 @@ class Toolbox:
       return cap(f'error: {call.name} failed: {type(e).__name__}: {e}',
                  self.max_output_chars)
     return cap(out, self.max_output_chars)
+
+
+def answer_calls(calls: Sequence[ToolCall], run: Callable[[ToolCall], str],
+                 max_calls: int = MAX_CALLS_PER_TURN) -> tuple[dict, ...]:
+  """One message's calls answered: each `run(call)`'s output as a tool
+  message, at most `max_calls` of them, then an error message for the
+  rest."""
+  out = [tool_message(run(c)) for c in calls[:max_calls]]
+  if len(calls) > max_calls:
+    out.append(tool_message(f'error: at most {max_calls} tool calls a '
+                            'message; the rest were not run'))
+  return tuple(out)
 
 
 def cap(text: str, limit: int) -> str:
