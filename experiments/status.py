@@ -17,7 +17,6 @@ the suite.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -26,57 +25,21 @@ import numpy as np
 
 from experiments import claims
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from experiments import _hybrid_measures
+from experiments._results import load as _load
+from experiments._results import ROOT
+from experiments._results import row as _row
+from experiments._results import se_change as _se_change
+from experiments._results import SHORT
+from experiments._results import stage_changes as _stage_changes
 BEGIN = '<!-- status:begin (python -m experiments.status --write) -->'
 END = '<!-- status:end -->'
 NAMES = {'bradley_terry': 'Bradley-Terry', 'generative_judge': 'judge'}
-SHORT = {'instruction_following': 'IF', 'multi_domain': 'multi',
-         'long_context': 'long', 'preference': 'pref'}
-
-
-def _load(rel: str) -> dict:
-  with open(os.path.join(ROOT, rel)) as f:
-    return json.load(f)
-
-
-def _se_change(a: dict, b: dict) -> float:
-  """Paired standard error of b - a over the prompts both scored."""
-  pa, pb = a.get('prompt_pass') or {}, b.get('prompt_pass') or {}
-  keys = sorted(set(pa) & set(pb))
-  if len(keys) > 1:
-    d = np.asarray([pb[k] - pa[k] for k in keys], np.float64)
-    return float(d.std(ddof=1) / np.sqrt(len(d)))
-  return float(np.hypot(a.get('pass_se', np.nan), b.get('pass_se', np.nan)))
-
-
-def _row(rerun: dict, domain: str) -> dict:
-  return next(r for r in rerun['rows'] if r['domain'] == domain)
 
 
 # ------------------------------------------------------------- measures
 # Each reads a claim's result files: (the row's text, the numbers its
 # rule's verdict function takes; see experiments/claims.py).
-
-def _stage_changes(rep: dict, own: bool) -> list[dict]:
-  """Each RL stage's change from the stage it starts from, in its own
-  domains (own) or in every other domain, in the stages' order."""
-  by = {s['name']: s for s in rep['stages']}
-  out = []
-  for s in rep['stages']:
-    if s['kind'] not in ('grpo', 'mopd') or not s.get('scores'):
-      continue
-    start = by[s['init_from']]
-    domains = (list(s['domains']) if own else
-               sorted(set(s['scores']) - set(s['domains'])))
-    for d in domains:
-      if d not in start.get('scores', {}):
-        continue
-      a, b = start['scores'][d], s['scores'][d]
-      out.append(dict(stage=s['name'], domain=d,
-                      change=b['pass_rate'] - a['pass_rate'],
-                      se=_se_change(a, b)))
-  return out
-
 
 def _short(c: dict) -> str:
   return f"{c['stage']} {SHORT.get(c['domain'], c['domain'])} {c['change']:+.3f}"
@@ -468,50 +431,15 @@ def _mopd_gap(files):
                     per_step={s: per_step[s] for s in steps})
 
 
-def _own_domain_seeds(files):
-  """Each seed's report: every RL stage's change in its own domains; per
-  (stage, domain) the seeds up beyond 2 paired SE."""
-  pairs = {}
-  for f in files:
-    for c in _stage_changes(_load(f), own=True):
-      pairs.setdefault(f"{c['stage']} {SHORT.get(c['domain'], c['domain'])}",
-                       []).append(c)
-  mean = lambda cs: float(np.mean([c['change'] for c in cs]))
-  text = (f'{len(files)} seeds; own-domain change, mean (seeds up beyond 2 '
-          'paired SE): ' + ', '.join(
-              f"{k} {mean(cs):+.3f} ({sum(c['change'] > 2 * c['se'] for c in cs)})"
-              for k, cs in pairs.items()))
-  return text, dict(pairs=pairs)
-
-
-def _hybrid_rlhf(files):
-  """hybrid_rlhf/<arm>/seed<S>/rerun.json: per arm, each seed's preference
-  and math change from MOPD with their paired SE."""
-  arms = {}
-  for f in sorted(files):
-    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
-    rerun = _load(f)
-    pref, math = _row(rerun, 'preference'), _row(rerun, 'math')
-    arms.setdefault(arm, []).append(dict(
-        pref=pref['change'], pref_se=pref['se'], math=math['change'],
-        math_se=math['se']))
-  part = lambda a, rs: (
-      f"{a}: pref {np.mean([r['pref'] for r in rs]):+.3f} ("
-      + ', '.join(f"{r['pref']:+.3f}" for r in rs)
-      + f"; {sum(r['pref'] > 2 * r['pref_se'] for r in rs)} up beyond 2 SE)"
-      f", math {np.mean([r['math'] for r in rs]):+.3f}")
-  text = ('hybrid RLHF from MOPD (seed-0 hybrid cascade), change over stage '
-          'seeds: ' + '; '.join(part(a, rs) for a, rs in arms.items()))
-  return text, dict(arms=arms)
-
-
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
     lc_mix=_lc_mix, stage_order=_stage_order,
     kl_main=_kl_main, mopd_gap=_mopd_gap,
-    own_domain_seeds=_own_domain_seeds, hybrid_rlhf=_hybrid_rlhf)
+    own_domain_seeds=_hybrid_measures.own_domain_seeds,
+    hybrid_rlhf=_hybrid_measures.hybrid_rlhf,
+    sft_mix=_hybrid_measures.sft_mix)
 
 
 def _provenance(files: list[str]) -> str:

@@ -1,0 +1,89 @@
+"""The claim measures decided on the hybrid model only (experiments.status's MEASURES)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from experiments._results import load
+from experiments._results import row
+from experiments._results import se_change
+from experiments._results import SHORT
+from experiments._results import stage_changes
+
+
+def own_domain_seeds(files):
+  """Each seed's report: every RL stage's change in its own domains; per
+  (stage, domain) the seeds up beyond 2 paired SE."""
+  pairs = {}
+  for f in files:
+    for c in stage_changes(load(f), own=True):
+      pairs.setdefault(f"{c['stage']} {SHORT.get(c['domain'], c['domain'])}",
+                       []).append(c)
+  mean = lambda cs: float(np.mean([c['change'] for c in cs]))
+  text = (f'{len(files)} seeds; own-domain change, mean (seeds up beyond 2 '
+          'paired SE): ' + ', '.join(
+              f"{k} {mean(cs):+.3f} ({sum(c['change'] > 2 * c['se'] for c in cs)})"
+              for k, cs in pairs.items()))
+  return text, dict(pairs=pairs)
+
+
+def hybrid_rlhf(files):
+  """hybrid_rlhf/<arm>/seed<S>/rerun.json: per arm, each seed's preference
+  and math change from MOPD with their paired SE."""
+  arms = {}
+  for f in sorted(files):
+    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    rerun = load(f)
+    pref, math = row(rerun, 'preference'), row(rerun, 'math')
+    arms.setdefault(arm, []).append(dict(
+        pref=pref['change'], pref_se=pref['se'], math=math['change'],
+        math_se=math['se']))
+  part = lambda a, rs: (
+      f"{a}: pref {np.mean([r['pref'] for r in rs]):+.3f} ("
+      + ', '.join(f"{r['pref']:+.3f}" for r in rs)
+      + f"; {sum(r['pref'] > 2 * r['pref_se'] for r in rs)} up beyond 2 SE)"
+      f", math {np.mean([r['math'] for r in rs]):+.3f}")
+  text = ('hybrid RLHF from MOPD (seed-0 hybrid cascade), change over stage '
+          'seeds: ' + '; '.join(part(a, rs) for a, rs in arms.items()))
+  return text, dict(arms=arms)
+
+
+def sft_mix(files):
+  """hybrid_sft_mix/<arm>/seed<S>/report.json (cascades of SFT alone): per
+  seed, each non-default arm's SFT scores against the default arm's of the
+  same seed (the same eval prompts and sampling keys), paired over prompts;
+  preference's differences decide, the other domains are reported."""
+  by = {}                                     # arm -> seed -> SFT scores
+  for f in sorted(files):
+    seed = os.path.basename(os.path.dirname(f))
+    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    sft = next(s for s in load(f)['stages'] if s['name'] == 'sft')
+    by.setdefault(arm, {})[seed] = sft['scores']
+  base = by.pop('default', {})
+  parts, changes = [], []
+  for arm, seeds in sorted(by.items()):
+    diffs = {}                                # domain -> per-seed diffs
+    for seed, scores in sorted(seeds.items()):
+      if seed not in base:
+        continue
+      for d, b in scores.items():
+        a = base[seed][d]
+        diffs.setdefault(d, []).append(dict(
+            change=b['pass_rate'] - a['pass_rate'], se=se_change(a, b),
+            before=a['pass_rate'], after=b['pass_rate']))
+    pref = diffs.pop('preference', [])
+    changes = changes or pref
+    ups = sum(c['change'] > 2 * c['se'] for c in pref)
+    parts.append(
+        f'{arm} against default, SFT preference: ' + ', '.join(
+            f"{c['before']:.3f} -> {c['after']:.3f} ({c['change']:+.3f})"
+            for c in pref)
+        + f' ({ups} of {len(pref)} seeds up beyond 2 paired SE); other '
+        'domains, mean difference (seeds down beyond 2 SE): ' + ', '.join(
+            f"{SHORT.get(d, d)} {np.mean([c['change'] for c in cs]):+.3f} "
+            f"({sum(c['change'] < -2 * c['se'] for c in cs)})"
+            for d, cs in sorted(diffs.items())))
+  return '; '.join(parts) or 'no arm beside the default', dict(
+      changes=changes)
