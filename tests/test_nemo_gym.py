@@ -287,7 +287,7 @@ def test_an_rl_stage_trains_on_nemo_gym_rows(tmp_path):
   steps = [r for r in rows if 'reward_mean' in r]
   assert [r['step'] for r in steps] == [1, 2]
   c.data.domain, c.data.eval_files = 'math', ''
-  with pytest.raises(ValueError, match="read by the 'nemo_gym' domain"):
+  with pytest.raises(ValueError, match="read by the NeMo-Gym domains"):
     rl.run(c, str(tmp_path / 'rl2'))
 
 
@@ -585,6 +585,13 @@ def test_tool_call_arguments_compare_as_the_reference_server():
   assert t.compare_values(1.0, 1.0 + 1e-9, c) is None
   assert t.compare_values(1.0, 2.0, c) == t.VALUE_DIFFERENT
   assert t.compare_values(True, 1, c) == t.TYPE_DIFFERENT
+  # The reference's isinstance(actual, type(expected)): an int is not a
+  # float either way; a bool passes as an int and compares by value.
+  assert t.compare_values(2, 2.0, c) == t.TYPE_DIFFERENT
+  assert t.compare_values(2.0, 2, c) == t.TYPE_DIFFERENT
+  assert t.compare_values(1, True, c) is None
+  assert t.compare_values(0, True, c) == t.VALUE_DIFFERENT
+  assert t.compare_values(1.0, 1.0 + 2e-6, c) == t.VALUE_DIFFERENT
   assert t.compare_values('one', 'two', c) == t.VALUE_DIFFERENT
   assert t.compare_values('One', 'one', c) == t.VALUE_DIFFERENT  # one word
   assert t.compare_values('one two three', 'four five six', c) == \

@@ -17,7 +17,9 @@ far and the action the expert took next:
                                   {type: function_call_batch, calls: [...]}
                                   or {type: message, content}
 
-Written from the server's documentation and tests (not its code):
+Written from the server's documentation and tests, then checked against
+its own comparator on generated actions (and corrected where they differed:
+docs/results/verifier_agreement_2026-12-05):
 
 - The response's action: its function calls, if any (all of them, in
   order: one call or a batch), else its first assistant text (a message),
@@ -26,7 +28,9 @@ Written from the server's documentation and tests (not its code):
   compared) and by no tool call.
 - An expected call matches an actual one with the same name whose
   arguments agree: objects with the same keys, lists of the same length,
-  element by element; numbers within `float_tolerance` (absolute); strings
+  element by element; floats within `float_tolerance` (absolute), other
+  numbers exactly, an int never matching a float (the reference's
+  `isinstance` test, under which a bool passes as an int); strings
   of at least two words on both sides by word overlap (lower-cased,
   whitespace-split multisets: |common words| / (expected words + actual
   words) at least `word_similarity`: 0.1 in the shipped config), other
@@ -53,7 +57,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import math
 import re
 from typing import Any
 
@@ -169,10 +172,11 @@ def tools_text(tools: Any) -> str:
 
 def call_text(name: str, arguments: Any) -> str:
   """A call as the model writes it; arguments that are not a JSON object's
-  text stay as they were (and fail to parse, as they should)."""
+  text stay as they were (and fail to parse, as they should: an empty
+  string too, as the reference's json.loads fails on it)."""
   if isinstance(arguments, str):
     try:
-      parsed = json.loads(arguments) if arguments.strip() else {}
+      parsed = json.loads(arguments)
     except json.JSONDecodeError:
       parsed = None
     body = (json.dumps(dict(name=name, arguments=parsed), ensure_ascii=False)
@@ -234,16 +238,15 @@ def _words(s: str) -> list[str]:
 
 def compare_values(want: Any, got: Any, c: Comparator) -> str | None:
   """None when an actual argument value agrees with the expected one, else
-  the category of the first difference."""
-  if isinstance(want, bool) or isinstance(got, bool):
-    if type(want) is not type(got):
-      return TYPE_DIFFERENT
-    return None if want == got else VALUE_DIFFERENT
-  if isinstance(want, (int, float)) and isinstance(got, (int, float)):
-    return None if math.isclose(want, got, rel_tol=0.0,
-                                abs_tol=c.float_tolerance) else VALUE_DIFFERENT
-  if type(want) is not type(got):
+  the category of the first difference. Types as the reference tests them
+  (`isinstance(got, type(want))`): an int is not a float (54.0 does not
+  match 54, nor 2 match 2.0), while a bool passes where an int is expected
+  and is then compared by value (True matches 1)."""
+  if not isinstance(got, type(want)):
     return TYPE_DIFFERENT
+  if isinstance(want, float):
+    return (None if abs(got - want) < c.float_tolerance else
+            VALUE_DIFFERENT)
   if isinstance(want, dict):
     if set(want) != set(got):
       return KEYS_DIFFERENT
