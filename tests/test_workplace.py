@@ -2,15 +2,17 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from cascade_jax.domains import _workplace
 from cascade_jax.domains import nemo_gym
-from experiments import verify
 
 DATA = os.path.join(os.path.dirname(__file__), 'data', 'nemo_gym')
 DB = os.path.join(DATA, 'workplace_db')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def call(name, **kw):
@@ -164,19 +166,28 @@ def test_workplace_rows_are_read_with_their_tools_shown(tmp_path):
     nemo_gym.read_rows(str(path))
 
 
-def test_experiments_verify_scores_workplace_rollouts(tmp_path, capsys,
-                                                      monkeypatch):
+def test_experiments_verify_scores_workplace_rollouts(tmp_path):
+  # The command line, in its own process (its absl flags are its own).
   src = os.path.join(DATA, 'workplace_rollouts.jsonl')
-  out = verify.verify_file(src, str(tmp_path / 'out.jsonl'), workplace_db=DB)
+  env = {k: v for k, v in os.environ.items() if k != _workplace.ENV_VAR}
+
+  def run(out, *extra):
+    return subprocess.run(
+        [sys.executable, '-m', 'experiments.verify', f'--rows={src}',
+         f'--out={out}', *extra], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300)
+
+  res = run(tmp_path / 'out.jsonl', f'--workplace_db={DB}')
+  assert res.returncode == 0, res.stderr[-2000:]
+  out = [json.loads(line) for line in open(tmp_path / 'out.jsonl')]
   assert [r['reward'] for r in out] == [1.0, 0.0, 1.0, 0.0]
+  assert [r['id'] for r in out] == [0, 1, 2, 3]            # order kept
   assert out[1]['verifier_details']['tables_differ'] == ['events']
   assert out[2]['verifier_details']['failed_calls'] == 1
-  written = [json.loads(line) for line in open(tmp_path / 'out.jsonl')]
-  assert [r['id'] for r in written] == [0, 1, 2, 3]
-  assert 'workplace by category: same_state 2' in capsys.readouterr().out
-  monkeypatch.delenv(_workplace.ENV_VAR, raising=False)
-  with pytest.raises(_workplace.DatabaseError):   # before any work
-    verify.verify_file(src, str(tmp_path / 'none.jsonl'))
+  assert 'workplace by category: same_state 2' in res.stdout, res.stdout
+  # Without the tables: refused before any work, saying how to give them.
+  res = run(tmp_path / 'none.jsonl')
+  assert res.returncode != 0 and '--workplace_db' in res.stderr
   assert not (tmp_path / 'none.jsonl').exists()
 
 
