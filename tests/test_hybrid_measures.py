@@ -1,0 +1,69 @@
+"""The measures of the claims decided on the hybrid only (experiments/_hybrid_measures.py), fed known results."""
+
+import json
+
+from experiments import claims
+
+
+def test_the_hybrid_rlhf_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['17_hybrid_rlhf']
+  files = []
+  for arm, pref in (('default', 0.0), ('lr5e-4', 0.06), ('kl0.03', 0.03),
+                    ('steps30', 0.09)):
+    for s in range(3):
+      path = tmp_path / 'hybrid_rlhf' / arm / f'seed{s}' / 'rerun.json'
+      path.parent.mkdir(parents=True)
+      math = -0.2 if arm == 'steps30' else -0.05
+      path.write_text(json.dumps(dict(rows=[
+          dict(domain='preference', before=0.2, after=0.2 + pref,
+               change=pref, se=0.01),
+          dict(domain='math', before=0.6, after=0.6 + math, change=math,
+               se=0.02)])))
+      files.append(str(path))
+  text, m = status.MEASURES['hybrid_rlhf'](files)
+  assert sorted(m['arms']) == sorted(rule['rule']['arms'])
+  assert 'lr5e-4: pref +0.060 (+0.060, +0.060, +0.060; 3 up beyond 2 SE)' \
+      ', math -0.050' in text, text
+  # steps30 lifts preference most but costs math beyond 2 SE: lr5e-4.
+  assert claims.verdict(rule, m) == 'lr5e-4 becomes the setting'
+  assert claims.verdict(rule, status.MEASURES['hybrid_rlhf'](files[:-1])[1]) \
+      == 'open (default 3 of 3, lr5e-4 3 of 3, kl0.03 3 of 3, steps30 2 of 3 seeds)'
+
+
+def test_the_hybrid_sft_mix_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['21_sft_mix_hybrid']
+  assert 'post_hoc' not in rule
+  files = []
+
+  def scores(pref: list[int], math: list[int]) -> dict:
+    out = {}
+    for d, p in (('preference', pref), ('math', math)):
+      out[d] = dict(pass_rate=sum(p) / len(p), pass_se=0.05,
+                    prompt_pass={str(i): v for i, v in enumerate(p)})
+    return out
+
+  # Eight prompts; the arm passes 2 more preference prompts in seeds 0, 1
+  # and the same in seed 2; math loses one prompt in every seed.
+  base_pref = [1, 0, 0, 0, 0, 0, 0, 0]
+  for s in range(3):
+    for arm in ('default', 'pref1.5'):
+      up = arm != 'default'
+      pref = ([1, 1, 1, 0, 0, 0, 0, 0] if up and s < 2 else base_pref)
+      math = [1, 1, 1, 1, 0, 0, 0, 0] if not up else [1, 1, 1, 0, 0, 0, 0, 0]
+      path = tmp_path / 'hybrid_sft_mix' / arm / f'seed{s}' / 'report.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(stages=[dict(
+          name='sft', scores=scores(pref, math))])))
+      files.append(str(path))
+  text, m = status.MEASURES['sft_mix'](files)
+  assert [round(c['change'], 3) for c in m['changes']] == [0.25, 0.25, 0.0]
+  # A paired SE of 2 of 8 prompts moved: sqrt(var / n) with var = 2/8 * 6/8 * 8/7.
+  assert abs(m['changes'][0]['se'] - 0.1637) < 1e-3
+  assert ('pref1.5 against default, SFT preference: 0.125 -> 0.375 (+0.250)'
+          in text and '(0 of 3 seeds up beyond 2 paired SE)' in text
+          and 'math -0.125 (0)' in text), text
+  assert claims.verdict(rule, m) == 'no'
+  assert claims.verdict(rule, status.MEASURES['sft_mix'](files[:-1])[1]) \
+      == 'open (2 of 3 seeds)'
