@@ -135,16 +135,26 @@ def same_state(a: Workplace, b: Workplace) -> list[str]:
           if not x.equals(y)]
 
 
-def reward(predicted: Sequence[dict], ground_truth: Sequence[dict],
-           db: str = '') -> tuple[float, dict]:
-  """The reference's verdict: 1 when the predicted calls leave the tables
-  as the ground truth's do; the details name the tables that differ."""
-  tables = load(find_db(db))
-  got, failed = execute(tables, predicted)
+def judge(got: Workplace, ground_truth: Sequence[dict],
+          tables: dict[str, pd.DataFrame], **details) -> tuple[float, dict]:
+  """The reference's verdict on a workplace the predicted calls left: 1
+  when the ground truth's calls leave `tables` the same; the details name
+  the tables that differ (`category` too) beside `details`."""
   want, _ = execute(tables, ground_truth)
   differ = same_state(got, want)
-  return float(not differ), dict(calls=len(predicted), failed_calls=failed,
-                                 tables_differ=differ)
+  return float(not differ), dict(
+      details, tables_differ=differ,
+      category='same_state' if not differ else 'differs:' + '+'.join(differ))
+
+
+def reward(predicted: Sequence[dict], ground_truth: Sequence[dict],
+           db: str = '') -> tuple[float, dict]:
+  """The reference's verdict: the predicted calls run on fresh tables,
+  then judged (`judge`)."""
+  tables = load(find_db(db))
+  got, failed = execute(tables, predicted)
+  return judge(got, ground_truth, tables, calls=len(predicted),
+               failed_calls=failed)
 
 
 # ------------------------------------------------------------------ rows
@@ -185,9 +195,7 @@ def response_calls(output: list) -> list[dict]:
 
 def verdict(calls: Sequence[dict], fields: dict,
             db: str = '') -> tuple[float, dict]:
-  """A row's reward and details (its `category`: the tables that differ)."""
-  r, details = reward(calls, fields['ground_truth'],
-                      fields.get('workplace_db') or db)
-  differ = details['tables_differ']
-  return r, dict(details, category=('same_state' if not differ else
-                                    'differs:' + '+'.join(differ)))
+  """A row's reward and details (its `category`: the tables that differ),
+  its tables those of the row's `workplace_db`, else `db`."""
+  return reward(calls, fields['ground_truth'],
+                fields.get('workplace_db') or db)

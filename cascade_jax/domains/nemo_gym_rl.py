@@ -64,7 +64,6 @@ PYTHON_NAME = 'nemo_gym_python'
 WORKPLACE_NAME = 'nemo_gym_workplace'
 EPISODE_DOMAINS = {'stateful_python': PYTHON_NAME,
                    'workplace': WORKPLACE_NAME}
-SESSION_KINDS = tuple(EPISODE_DOMAINS)
 # The domains that read data.files / data.eval_files (each its own rows).
 FILE_DOMAINS = (NAME, PYTHON_NAME, WORKPLACE_NAME)
 _LOCK = threading.Lock()
@@ -261,20 +260,20 @@ class WorkplaceEnv:
 
   def __init__(self):
     self.record: dict | None = None
-    self.calls: list[dict] = []
+    self.calls = self.failed = 0
 
   def reset(self, record: dict) -> list[dict]:
-    self.record, self.calls = record, []
-    self.workplace = _workplace.Workplace(
-        _workplace.load(record['workplace_db']))
+    self.record, self.calls, self.failed = record, 0, 0
+    self.tables = _workplace.load(record['workplace_db'])
+    self.workplace = _workplace.Workplace(self.tables)
     return list(record['messages'])
 
   def _run(self, call: envs.ToolCall) -> str:
-    self.calls.append(dict(name=call.name,
-                           arguments=json.dumps(call.arguments)))
+    self.calls += 1
     try:
       out = self.workplace.run(call.name, call.arguments)
     except Exception as e:  # pylint: disable=broad-except
+      self.failed += 1
       return f"Error executing tool '{call.name}': {e}"   # as the reference
     return envs.cap(json.dumps(_plain(out), default=str),
                     envs.MAX_OUTPUT_CHARS)
@@ -286,8 +285,10 @@ class WorkplaceEnv:
       calls = envs.parse_tool_calls(_base.strip_think(assistant))
     except envs.ToolCallError as e:
       return envs.Step((envs.tool_message(f'error: {e}'),))
-    if not calls:
-      reward, details = _workplace.verdict(self.calls, self.record)
+    if not calls:      # the tables this episode's calls left, judged
+      reward, details = _workplace.judge(
+          self.workplace, self.record['ground_truth'], self.tables,
+          calls=self.calls, failed_calls=self.failed)
       return envs.Step(reward=reward, done=True,
                        info=dict(details, passed=reward == 1.0))
     return envs.Step(envs.answer_calls(calls, self._run))
