@@ -29,3 +29,30 @@ def assert_refused(tmp_path, row, says):
   path.write_text(json.dumps(row) + '\n')
   with pytest.raises(nemo_gym.RowError, match=f'{path}:1: {re.escape(says)}'):
     nemo_gym.read_rows(str(path))
+
+
+def episodes_through_sampler(recs, *, text_repeats: int, max_tokens: int):
+  """`recs` played by `rollout.run_episodes` with their domain's
+  environment, on a random tiny model whose tokenizer is trained on their
+  messages (repeated `text_repeats` times): (episodes, environments made)."""
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from flax import nnx
+  from cascade_jax import data, model, rollout
+  # pylint: enable=g-import-not-at-top
+  tok = data.train_tokenizer(
+      [m['content'] for r in recs for m in r['messages']] * text_repeats, 300)
+  m = model.Transformer(model.tiny(vocab_size=tok.vocab_size),
+                        rngs=nnx.Rngs(0))
+  ec = rollout.EpisodeConfig(max_turns=2, max_new_tokens=8,
+                             max_observation_tokens=32, max_tokens=max_tokens)
+  made = []
+
+  def make(record, sandbox):
+    made.append(rollout.make_env(record, sandbox))
+    return made[-1]
+
+  eps = rollout.run_episodes(m, tok, recs, cfg=ec,
+                             sample=rollout.SampleConfig(temperature=1.0),
+                             key=jax.random.key(0), make=make)
+  return eps, made

@@ -3,18 +3,15 @@
 import json
 import os
 
-import jax
 import pytest
-from flax import nnx
 
-from cascade_jax import data
 from cascade_jax import domains
 from cascade_jax import envs
-from cascade_jax import model
 from cascade_jax import rollout
 from cascade_jax.domains import nemo_gym_rl
 from cascade_jax.sandbox import Limits
 from cascade_jax.sandbox import Sandbox
+import _nemo_gym_helpers  # pylint: disable=g-import-not-at-top
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
                      'nemo_gym')
@@ -129,21 +126,8 @@ def test_episodes_of_python_rows_run_through_the_sampler():
   # environment (a random model: no call is expected, each episode ends).
   recs = nemo_gym_rl.generate_python(split='train', n=3, seed=0,
                                      files=PROMPTS, eval_fraction=0.0)
-  tok = data.train_tokenizer(
-      [m['content'] for r in recs for m in r['messages']] * 20, 300)
-  m = model.Transformer(model.tiny(vocab_size=tok.vocab_size),
-                        rngs=nnx.Rngs(0))
-  ec = rollout.EpisodeConfig(max_turns=2, max_new_tokens=8,
-                             max_observation_tokens=32, max_tokens=512)
-  made = []
-
-  def make(record, sandbox):
-    made.append(rollout.make_env(record, sandbox))
-    return made[-1]
-
-  eps = rollout.run_episodes(m, tok, recs, cfg=ec,
-                             sample=rollout.SampleConfig(temperature=1.0),
-                             key=jax.random.key(0), make=make)
+  eps, made = _nemo_gym_helpers.episodes_through_sampler(
+      recs, text_repeats=20, max_tokens=512)
   assert {r['domain'] for r in recs} == {'nemo_gym_python'}
   assert len(made) == 3 and all(
       isinstance(e, nemo_gym_rl.PythonMathEnv) for e in made)

@@ -277,28 +277,14 @@ def test_an_rl_stage_gives_the_row_files_to_every_nemo_gym_domain():
 
 @pytest.mark.slow  # ~10 s, not the default (the main job reads no NeMo-Gym rows): CI runs it
 def test_workplace_episodes_run_through_the_sampler():
-  import jax  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from cascade_jax import data, model, rollout  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
   from cascade_jax.domains import nemo_gym_rl  # pylint: disable=g-import-not-at-top
+  import _nemo_gym_helpers  # pylint: disable=g-import-not-at-top
   recs = nemo_gym_rl.generate_workplace(
       split='train', n=4, seed=0, files=os.path.join(DATA, 'workplace.jsonl'),
       eval_fraction=0.0, workplace_db=DB)
-  tok = data.train_tokenizer(
-      [m['content'] for r in recs for m in r['messages']] * 5, 300)
-  m = model.Transformer(model.tiny(vocab_size=tok.vocab_size),
-                        rngs=nnx.Rngs(0))
-  ec = rollout.EpisodeConfig(max_turns=2, max_new_tokens=8,
-                             max_observation_tokens=32, max_tokens=2048)
-  made = []
-
-  def make(record, sandbox):
-    made.append(rollout.make_env(record, sandbox))
-    return made[-1]
-
-  eps = rollout.run_episodes(m, tok, recs, cfg=ec,
-                             sample=rollout.SampleConfig(temperature=1.0),
-                             key=jax.random.key(0), make=make)
+  eps, made = _nemo_gym_helpers.episodes_through_sampler(
+      recs, text_repeats=5, max_tokens=2048)
   assert len(made) == 4 and all(
       isinstance(e, nemo_gym_rl.WorkplaceEnv) for e in made)
   # A random model calls nothing: every table stays as read, and only a
