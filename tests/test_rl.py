@@ -317,9 +317,10 @@ def test_each_teacher_scores_its_own_domains_rows_only(setup, monkeypatch):
   for dom, (params, inputs) in zip(('a', 'b'), calls):
     assert params is teachers[dom].params
     rows = np.flatnonzero(doms == dom)
-    # Its own rows (then copies of its first, up to a power of two): no
-    # other domain's row reaches this teacher.
-    assert len(inputs) == 1 << (len(rows) - 1).bit_length()
+    # Its own rows (then copies of its first, up to the stage's one
+    # chunk size: 12 rows over 2 teachers, 8): no other domain's row
+    # reaches this teacher.
+    assert len(inputs) == 8
     np.testing.assert_array_equal(inputs[:len(rows)], batch.inputs[rows])
     np.testing.assert_array_equal(inputs[len(rows):],
                                   batch.inputs[rows[:1]].repeat(
@@ -333,6 +334,26 @@ def test_each_teacher_scores_its_own_domains_rows_only(setup, monkeypatch):
     assert np.abs(lp[rows][m] - np.asarray(other)[rows][m]).max() > 1e-2
   with pytest.raises(ValueError, match=r"no teacher for domains \['b'\]"):
     rl.teacher_rows(batch.domains, {'a': teachers['a']})
+
+
+def test_teacher_rows_chunks_of_one_size_whatever_the_mix():
+  from cascade_jax.rl import _learner  # pylint: disable=g-import-not-at-top
+  # 12 rows, 2 teachers: chunks of 8 (6 rounded up to a power of two);
+  # a domain of 10 rows takes two, one of 2 rows one; padding repeats the
+  # domain's first row and scatters out of range (12: dropped).
+  doms = ['a'] * 5 + ['b'] + ['a'] * 5 + ['b']
+  plans = rl.teacher_rows(doms, {'a': None, 'b': None})
+  assert _learner.teacher_chunk(12, 2) == 8
+  np.testing.assert_array_equal(
+      plans['a'][0], [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] + [0] * 6)
+  np.testing.assert_array_equal(
+      plans['a'][1], [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] + [12] * 6)
+  np.testing.assert_array_equal(plans['b'][0], [5, 11] + [5] * 6)
+  np.testing.assert_array_equal(plans['b'][1], [5, 11] + [12] * 6)
+  # On 4 devices a chunk is a multiple of 4; one teacher: the whole batch.
+  assert _learner.teacher_chunk(12, 5, rows_multiple=4) == 4
+  assert _learner.teacher_chunk(64, 1) == 64
+  assert _learner.teacher_chunk(64, 3, rows_multiple=8) == 32
 
 
 def test_overlong_penalty_by_reward_kind():

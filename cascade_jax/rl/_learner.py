@@ -286,29 +286,41 @@ def check_on_policy(params, rest, batch: RLBatch, *, graph, cfg: RLConfig,
 # ----------------------------------------------------------------- learner
 
 
+def teacher_chunk(rows: int, teachers: int, rows_multiple: int = 1) -> int:
+  """The rows of one MOPD teacher forward (`teacher_rows`): the batch's
+  rows over the teachers, rounded up to a power of two and to a multiple
+  of the devices the batch is split over."""
+  share = -(-rows // max(teachers, 1))
+  chunk = max(1 << (share - 1).bit_length(), rows_multiple)
+  return -(-chunk // rows_multiple) * rows_multiple
+
+
 def teacher_rows(domains, teachers, rows_multiple: int = 1
                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Which rows each MOPD teacher scores: {domain: (gather [R], scatter [R])}.
 
   A teacher runs on its own domain's rows alone (no teacher scores
-  another's), padded with copies of its first row to the next power of two
-  (and a multiple of the devices the batch is split over): a few shapes,
-  one compile each. `scatter` is the rows the results go back to, with
-  the batch's row count (out of range: dropped) for the padding.
+  another's), `teacher_chunk` rows a call: the domain's rows padded with
+  copies of its first row to whole chunks (R a multiple of the chunk).
+  The chunk is the same for every teacher and for every step of a stage
+  whose batches keep their size: every teacher forward has one shape and
+  compiles once (a domain's rows padded to their own power of two
+  compiled once per size a step's mix gave: 5 times in the main job's
+  MOPD). `scatter` is the rows the results go back to, with the batch's
+  row count (out of range: dropped) for the padding.
   """
   doms = np.asarray(domains)
   missing = sorted({str(d) for d in doms} - set(teachers))
   if missing:
     raise ValueError(f'MOPD: no teacher for domains {missing}; teachers: '
                      f'{sorted(teachers)}')
+  chunk = teacher_chunk(len(doms), len(teachers), rows_multiple)
   out = {}
   for dom in teachers:
     rows = np.flatnonzero(doms == dom)
     if not rows.size:
       continue
-    size = max(1 << (rows.size - 1).bit_length(), rows_multiple)
-    size = min(-(-size // rows_multiple) * rows_multiple, len(doms))
-    pad = size - rows.size
+    pad = -rows.size % chunk
     out[dom] = (np.concatenate([rows, np.full(pad, rows[0])]).astype(np.int32),
                 np.concatenate([rows, np.full(pad, len(doms))]).astype(np.int32))
   return out
@@ -465,8 +477,14 @@ class Learner:
     teachers' log-probs. Returns (device batch, the frozen forwards'
     dropped fractions)."""
     cfg = self.cfg
-    plans = (teacher_rows(batch.domains, self.teachers, self.rows_multiple)
-             if self.teachers else {})
+    plans = {}
+    if self.teachers:   # one shape for every teacher forward: chunks
+      size = teacher_chunk(len(batch.domains), len(self.teachers),
+                           self.rows_multiple)
+      plans = {dom: [(g[i:i + size], s[i:i + size])
+                     for i in range(0, len(g), size)]
+               for dom, (g, s) in teacher_rows(
+                   batch.domains, self.teachers, self.rows_multiple).items()}
     dev, plans = self.put((batch, plans))
     adv = _advantages(dev.rewards, group_size=cfg.rollouts_per_prompt,
                       scale=cfg.advantage_scale)
@@ -487,16 +505,18 @@ class Learner:
 
   def _teacher_logp(self, fwd, plans):
     """Each row's log-probs under its own domain's teacher (on the devices),
-    and the largest dropped fraction of any teacher's forward."""
+    and the largest dropped fraction of any teacher's forward. `plans`:
+    {domain: [(gather, scatter) of each chunk]} (`teacher_plans`)."""
     out, dropped = None, []
-    for dom, (gather, scatter) in plans.items():
+    for dom, chunks in plans.items():
       t = self.teachers[dom]
-      lp, dr = frozen_logprobs(*t, _take(fwd, gather),
-                               temperature=self.cfg.temperature,
-                               moe=self._frozen_moe[dom])
-      out = _scatter(fwd['targets'] if out is None else out, scatter, lp,
-                     first=out is None)
-      dropped.append(dr)
+      for gather, scatter in chunks:
+        lp, dr = frozen_logprobs(*t, _take(fwd, gather),
+                                 temperature=self.cfg.temperature,
+                                 moe=self._frozen_moe[dom])
+        out = _scatter(fwd['targets'] if out is None else out, scatter, lp,
+                       first=out is None)
+        dropped.append(dr)
     return out, _max(dropped)
 
 
