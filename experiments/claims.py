@@ -156,20 +156,22 @@ def verdict_recovers(rule: dict, m: dict) -> str:
 
 
 def verdict_mixing_forgets_less(rule: dict, m: dict) -> str:
-  """The mixed arm above the alone arm in every seed in each of
+  """The remedy arm (rule['arms'][1]; default 'mixed') above the baseline
+  arm (rule['arms'][0]; 'alone') in every seed in each of
   rule['domains'], and its own domain (rule['own']) up beyond threshold x
   the paired SE in rule['in_seeds'] seeds: 'holds'; above in some domain,
   or in all without the own lift: 'partly'; else 'no'."""
+  base, remedy = rule.get('arms', ('alone', 'mixed'))
   arms = m['domains']
-  seeds = min((len(arms[d][a]) for d in rule['domains']
-               for a in ('alone', 'mixed')), default=0)
+  seeds = min((len(arms[d].get(a, [])) for d in rule['domains']
+               for a in (base, remedy)), default=0)
   if seeds < rule['seeds']:
     return f"open ({seeds} of {rule['seeds']} seeds)"
   above = [d for d in rule['domains'] if all(
       x['change'] > y['change']
-      for x, y in zip(arms[d]['mixed'], arms[d]['alone'], strict=True))]
+      for x, y in zip(arms[d][remedy], arms[d][base], strict=True))]
   lifted = sum(c['change'] > rule['threshold'] * c['se']
-               for c in m['own']['mixed']) >= rule['in_seeds']
+               for c in m['own'][remedy]) >= rule['in_seeds']
   if lifted and set(above) == set(rule['domains']):
     return 'holds'
   if above:

@@ -285,26 +285,31 @@ def _recovery(files):
 
 
 def _lc_mix(files):
-  """Long-context RL alone and mixed (files .../{alone,mixed}/seedS/
-  rerun.json): every domain's change per arm, mean over seeds."""
+  """A stage run two ways from the same checkpoint (files
+  .../ARM/seedS/rerun.json): every domain's change per arm, mean over
+  seeds. Two arms: the baseline ('alone' or 'default') and the remedy (the
+  other; long-context RL 'mixed' with other domains' data, or at another
+  learning rate)."""
   runs = {}                                    # arm -> seed -> rerun.json
   for f in files:
     arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
     runs.setdefault(arm, {})[os.path.basename(os.path.dirname(f))] = _load(f)
+  base = next((a for a in ('alone', 'default') if a in runs), 'alone')
+  other = next((a for a in sorted(runs) if a != base), 'mixed')
   rows = {arm: [{r['domain']: r for r in doc['rows']}
                 for _, doc in sorted(seeds.items())]
           for arm, seeds in runs.items()}
   doms = sorted({d for arm in rows.values() for seed in arm for d in seed})
   mean = lambda xs: float(np.mean(xs)) if xs else float('nan')
   out = {d: {arm: [seed[d] for seed in rows.get(arm, [])]
-             for arm in ('alone', 'mixed')} for d in doms}
+             for arm in (base, other)} for d in doms}
   parts = []
   for d in doms:
-    a, m = out[d]['alone'], out[d]['mixed']
+    a, m = out[d][base], out[d][other]
     above = sum(x['change'] > y['change'] for x, y in zip(m, a))
     parts.append(f"{SHORT.get(d, d)} {mean([r['change'] for r in a]):+.3f} "
-                 f"alone / {mean([r['change'] for r in m]):+.3f} mixed "
-                 f'(mixed above in {above} of {min(len(a), len(m))})')
+                 f"{base} / {mean([r['change'] for r in m]):+.3f} {other} "
+                 f'({other} above in {above} of {min(len(a), len(m))})')
   text = ('from rlhf, 30 steps, mean change over seeds: ' + ', '.join(parts))
   return text, dict(domains=out, own=out.get('long_context', {}))
 

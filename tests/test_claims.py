@@ -282,14 +282,15 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['20_recover_hybrid']
   assert 'post_hoc' not in rules['22_lc_mix_hybrid']
   assert 'post_hoc' not in rules['23_mopd_gap_hybrid']
-  assert list(rules)[-15:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert 'post_hoc' not in rules['24_lc_lr_hybrid']
+  assert list(rules)[-16:] == ['9_if_rl_reward', '10_mopd_recovers',
                                '11_long_context_mix', '12_stage_order',
                                '13_rlhf_kl_main', '14_mopd_gap',
                                '15_own_domain_hybrid', '16_forgetting_hybrid',
                                '17_hybrid_rlhf', '18_math_hybrid',
                                '19_if_rl_reward_hybrid', '20_recover_hybrid',
                                '21_sft_mix_hybrid', '22_lc_mix_hybrid',
-                               '23_mopd_gap_hybrid']
+                               '23_mopd_gap_hybrid', '24_lc_lr_hybrid']
 
 
 # ----------------------------------------------------------- history
@@ -504,6 +505,37 @@ def test_the_long_context_mix_measure_feeds_its_rule(tmp_path):
           in text), text
   assert 'long +0.100 alone / +0.080 mixed' in text
   assert claims.verdict(rule, m) == 'holds'
+
+
+def test_the_learning_rate_remedy_reads_its_named_arms(tmp_path):
+  # Rule 24's arms are 'default' (the baseline) and 'lr1e-4': the same
+  # measure and verdict as the long-context mix, by the arms' names.
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['24_lc_lr_hybrid']
+  assert rule['rule']['arms'] == ['default', 'lr1e-4']
+
+  def measured(changes):
+    files = []
+    for arm, (dl, dm, dc) in changes.items():
+      for s in range(3):
+        path = tmp_path / str(len(changes)) / arm / f'seed{s}' / 'rerun.json'
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(rows=[
+            dict(domain=d, own=d == 'long_context', before=0.4,
+                 after=0.4 + c, change=c, se=0.02)
+            for d, c in (('long_context', dl), ('math', dm), ('code', dc))])))
+        files.append(str(path))
+    return status.MEASURES['lc_mix'](files)
+  text, m = measured({'default': (0.1, -0.1, -0.05),
+                      'lr1e-4': (0.06, -0.02, -0.01)})
+  assert ('math -0.100 default / -0.020 lr1e-4 (lr1e-4 above in 3 of 3)'
+          in text), text
+  assert claims.verdict(rule, m) == 'holds'
+  # Kept math and code, but the lower rate no longer lifts long context.
+  _, m = measured({'default': (0.1, -0.1, -0.05),
+                   'lr1e-4': (0.01, -0.02, -0.01), 'x': (0, 0, 0)})
+  assert claims.verdict(rule, m) == \
+      'partly: math, code kept, long_context not lifted'
 
 
 def test_the_stage_order_measure_feeds_its_rule(tmp_path):
