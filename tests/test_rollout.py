@@ -307,3 +307,28 @@ def test_a_fused_prefill_samples_what_the_cache_read_samples(pattern):
   ops.reset_selected()
   rollout.generate(m, prompts, cfg=cfg, stop_ids=(), key=jax.random.key(7))
   assert ops.selected()['prefill_attention'] == ['cache (cpu, float32)']
+
+
+def test_an_observation_fed_in_chunks_continues_as_one_block(policy):
+  # Conversation.append feeds a later block bucket-wide columns at a time
+  # (one program per batch, whatever the observation's width): the next
+  # logits, the routing and the turn after it match the block fed whole.
+  cfg = rollout.SampleConfig(max_new_tokens=6, temperature=0.0)
+  prompts = _prompts([5, 9, 7])
+  obs = {0: _prompts([40])[0], 2: _prompts([13], seed=1)[0]}   # row 1: none
+  turns, logits, experts, index = [], [], [], []
+  for bucket in (16, 48):                 # 3 chunks of 16; one block of 48
+    conv = rollout.Conversation(policy, prompts, cfg=cfg, max_slots=80,
+                                stop_ids=(), record_experts=True)
+    conv.generate(np.ones(3, bool), jax.random.key(0))
+    experts.append(conv.append(obs, bucket=bucket))
+    logits.append(np.asarray(conv.logits))
+    turns.append(conv.generate(np.ones(3, bool), jax.random.key(1)))
+    index.append(conv.index)
+  assert index[0] == index[1] and experts[0].shape[:2] == (3, 48)
+  for row, toks in obs.items():     # a row's tokens: its last columns
+    np.testing.assert_array_equal(experts[0][row, -len(toks):],
+                                  experts[1][row, -len(toks):])
+  np.testing.assert_allclose(logits[0], logits[1], atol=1e-5)
+  np.testing.assert_array_equal(turns[0].tokens, turns[1].tokens)
+  np.testing.assert_allclose(turns[0].logprobs, turns[1].logprobs, atol=1e-5)

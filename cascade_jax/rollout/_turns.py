@@ -230,13 +230,23 @@ class Conversation:
     # Mamba states step over padding after the first block (see above).
     feed = (_feed_steps if self.index and model_lib.MAMBA in
             self.model.cfg.pattern else _feed)
-    self.logits, self.cache, experts = feed(
-        self.graph, self.state, jnp.asarray(toks), jnp.asarray(valid),
-        jnp.asarray(pos), self.cache, self.logits)
+    # A later block goes in `bucket`-wide column chunks: one program per
+    # batch, whatever an observation's width (each width compiled its
+    # own, 3-4 a stage). A chunk's queries attend to the cache the chunks
+    # before it wrote, as one block's later columns attend to its earlier
+    # ones; a row with no token in a chunk keeps its logits.
+    step = w if not self.index or w % bucket else bucket
+    out = []
+    for c in range(0, w, step):
+      self.logits, self.cache, experts = feed(
+          self.graph, self.state, jnp.asarray(toks[:, c:c + step]),
+          jnp.asarray(valid[:, c:c + step]), jnp.asarray(pos[:, c:c + step]),
+          self.cache, self.logits)
+      out.append(experts)
     self.index += w
-    if not (self.record_experts and experts is not None):
+    if not (self.record_experts and out[0] is not None):
       return None
-    return np.asarray(sharding.to_host(experts))
+    return np.concatenate([np.asarray(sharding.to_host(e)) for e in out], 1)
 
   def generate(self, active: np.ndarray, key: jax.Array) -> Turn:
     """One reply for each active row, from its next-token logits."""
