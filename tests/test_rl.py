@@ -353,6 +353,7 @@ def test_teacher_rows_chunks_of_one_size_whatever_the_mix():
   # On 4 devices a chunk is a multiple of 4; one teacher: the whole batch.
   assert _learner.teacher_chunk(12, 5, rows_multiple=4) == 4
   assert _learner.teacher_chunk(64, 1) == 64
+  assert _learner.teacher_chunk(12, 1) == 12      # not 16: the batch's rows
   assert _learner.teacher_chunk(64, 3, rows_multiple=8) == 32
 
 

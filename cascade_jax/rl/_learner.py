@@ -289,10 +289,10 @@ def check_on_policy(params, rest, batch: RLBatch, *, graph, cfg: RLConfig,
 def teacher_chunk(rows: int, teachers: int, rows_multiple: int = 1) -> int:
   """The rows of one MOPD teacher forward (`teacher_rows`): the batch's
   rows over the teachers, rounded up to a power of two and to a multiple
-  of the devices the batch is split over."""
+  of the devices the batch is split over, at most the batch's rows."""
+  up = lambda n: -(-n // rows_multiple) * rows_multiple
   share = -(-rows // max(teachers, 1))
-  chunk = max(1 << (share - 1).bit_length(), rows_multiple)
-  return -(-chunk // rows_multiple) * rows_multiple
+  return min(up(max(1 << (share - 1).bit_length(), rows_multiple)), up(rows))
 
 
 def teacher_rows(domains, teachers, rows_multiple: int = 1
@@ -506,7 +506,7 @@ class Learner:
   def _teacher_logp(self, fwd, plans):
     """Each row's log-probs under its own domain's teacher (on the devices),
     and the largest dropped fraction of any teacher's forward. `plans`:
-    {domain: [(gather, scatter) of each chunk]} (`teacher_plans`)."""
+    {domain: [(gather, scatter) of each chunk]} (`prepare`'s)."""
     out, dropped = None, []
     for dom, chunks in plans.items():
       t = self.teachers[dom]
