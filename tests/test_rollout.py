@@ -309,10 +309,15 @@ def test_a_fused_prefill_samples_what_the_cache_read_samples(pattern):
   assert ops.selected()['prefill_attention'] == ['cache (cpu, float32)']
 
 
-def test_an_observation_fed_in_chunks_continues_as_one_block(policy):
+@pytest.mark.parametrize('preset', ['small', 'small_hybrid'])
+def test_an_observation_fed_in_chunks_continues_as_one_block(preset):
   # Conversation.append feeds a later block bucket-wide columns at a time
   # (one program per batch, whatever the observation's width): the next
   # logits, the routing and the turn after it match the block fed whole.
+  # The main job's models (capacity dispatch; the hybrid's Mamba layers
+  # step over each chunk's columns), with the CPU kernels as `auto` picks.
+  policy = model.Transformer(model.preset(preset, vocab_size=48),
+                             rngs=nnx.Rngs(0))
   cfg = rollout.SampleConfig(max_new_tokens=6, temperature=0.0)
   prompts = _prompts([5, 9, 7])
   obs = {0: _prompts([40])[0], 2: _prompts([13], seed=1)[0]}   # row 1: none
