@@ -344,12 +344,14 @@ def test_teacher_rows_chunks_of_one_size_whatever_the_mix():
   doms = ['a'] * 5 + ['b'] + ['a'] * 5 + ['b']
   plans = rl.teacher_rows(doms, {'a': None, 'b': None})
   assert _learner.teacher_chunk(12, 2) == 8
+  assert [len(g) for g, _ in plans['a']] == [8, 8] and len(plans['b']) == 1
+  whole = lambda dom, i: np.concatenate([c[i] for c in plans[dom]])
   np.testing.assert_array_equal(
-      plans['a'][0], [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] + [0] * 6)
+      whole('a', 0), [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] + [0] * 6)
   np.testing.assert_array_equal(
-      plans['a'][1], [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] + [12] * 6)
-  np.testing.assert_array_equal(plans['b'][0], [5, 11] + [5] * 6)
-  np.testing.assert_array_equal(plans['b'][1], [5, 11] + [12] * 6)
+      whole('a', 1), [0, 1, 2, 3, 4, 6, 7, 8, 9, 10] + [12] * 6)
+  np.testing.assert_array_equal(whole('b', 0), [5, 11] + [5] * 6)
+  np.testing.assert_array_equal(whole('b', 1), [5, 11] + [12] * 6)
   # On 4 devices a chunk is a multiple of 4; one teacher: the whole batch.
   assert _learner.teacher_chunk(12, 5, rows_multiple=4) == 4
   assert _learner.teacher_chunk(64, 1) == 64

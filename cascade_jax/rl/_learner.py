@@ -296,12 +296,13 @@ def teacher_chunk(rows: int, teachers: int, rows_multiple: int = 1) -> int:
 
 
 def teacher_rows(domains, teachers, rows_multiple: int = 1
-                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """Which rows each MOPD teacher scores: {domain: (gather [R], scatter [R])}.
+                 ) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+  """Which rows each MOPD teacher scores, a call at a time:
+  {domain: [(gather [K], scatter [K]) of each call]}.
 
   A teacher runs on its own domain's rows alone (no teacher scores
-  another's), `teacher_chunk` rows a call: the domain's rows padded with
-  copies of its first row to whole chunks (R a multiple of the chunk).
+  another's), K = `teacher_chunk` rows a call: the domain's rows padded
+  with copies of its first row to whole chunks.
   The chunk is the same for every teacher and for every step of a stage
   whose batches keep their size: every teacher forward has one shape and
   compiles once (a domain's rows padded to their own power of two
@@ -321,8 +322,10 @@ def teacher_rows(domains, teachers, rows_multiple: int = 1
     if not rows.size:
       continue
     pad = -rows.size % chunk
-    out[dom] = (np.concatenate([rows, np.full(pad, rows[0])]).astype(np.int32),
-                np.concatenate([rows, np.full(pad, len(doms))]).astype(np.int32))
+    gather = np.concatenate([rows, np.full(pad, rows[0])]).astype(np.int32)
+    scatter = np.concatenate([rows, np.full(pad, len(doms))]).astype(np.int32)
+    calls = len(gather) // chunk
+    out[dom] = list(zip(np.split(gather, calls), np.split(scatter, calls)))
   return out
 
 
@@ -477,14 +480,8 @@ class Learner:
     teachers' log-probs. Returns (device batch, the frozen forwards'
     dropped fractions)."""
     cfg = self.cfg
-    plans = {}
-    if self.teachers:   # one shape for every teacher forward: chunks
-      size = teacher_chunk(len(batch.domains), len(self.teachers),
-                           self.rows_multiple)
-      plans = {dom: [(g[i:i + size], s[i:i + size])
-                     for i in range(0, len(g), size)]
-               for dom, (g, s) in teacher_rows(
-                   batch.domains, self.teachers, self.rows_multiple).items()}
+    plans = (teacher_rows(batch.domains, self.teachers, self.rows_multiple)
+             if self.teachers else {})
     dev, plans = self.put((batch, plans))
     adv = _advantages(dev.rewards, group_size=cfg.rollouts_per_prompt,
                       scale=cfg.advantage_scale)
@@ -506,7 +503,7 @@ class Learner:
   def _teacher_logp(self, fwd, plans):
     """Each row's log-probs under its own domain's teacher (on the devices),
     and the largest dropped fraction of any teacher's forward. `plans`:
-    {domain: [(gather, scatter) of each chunk]} (`prepare`'s)."""
+    `teacher_rows`' calls, on the devices."""
     out, dropped = None, []
     for dom, chunks in plans.items():
       t = self.teachers[dom]
