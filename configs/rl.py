@@ -52,6 +52,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # more load than its batch needs (each larger capacity compiles again).
   # sample_slots: continuous batching of a single-turn step's rollouts, that
   # many rows at a time, a key a rollout (0: one fixed batch; one device).
+  # episode_slots: the same for an episode stage's episodes, each row on its
+  # own turn, a key an episode.
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
       temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16, kl_coef=0.0,
@@ -62,7 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       sampler_layout='inference', sampler_weight_layout='auto',
       behaviour_correction='tis', tis_cap=2.0,
       verifier_reward='graded', max_staleness=0, rollout_worker='inline',
-      rollout_cpus='', sample_slots=0))
+      rollout_cpus='', sample_slots=0, episode_slots=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',

@@ -195,3 +195,91 @@ def test_an_observation_that_cannot_be_cut_to_fit_is_named(monkeypatch):
                        'small'):
       _episodes._fit_observation(None, [{'role': 'tool', 'content': 'x' * n}],
                                  8)
+
+
+# Continuous batching of episodes (run_episodes(slots=...), rl.episode_slots).
+
+T1 = rollout.SampleConfig(temperature=1.0)
+
+
+def _assert_same_episodes(got, want):
+  for i, (x, y) in enumerate(zip(got, want)):
+    msg = f'episode {i}'
+    assert (x.tokens, x.model, x.kept) == (y.tokens, y.model, y.kept), msg
+    assert (x.end, x.reward, x.passed, x.turns) == (
+        y.end, y.reward, y.passed, y.turns), msg
+    assert x.messages == y.messages, msg
+    np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5,
+                               err_msg=msg)
+    assert len(x.experts) == len(y.experts), msg
+    for a, b in zip(x.experts, y.experts):
+      np.testing.assert_array_equal(a, b, err_msg=msg)
+
+
+@pytest.mark.parametrize('preset', [
+    'small',
+    pytest.param('small_hybrid', marks=pytest.mark.slow)])  # ~35 s: CI runs it
+def test_continuous_episodes_equal_the_fixed_batch_with_the_same_keys(
+    setup, preset):
+  # The main job's models (small: capacity dispatch; small_hybrid: Mamba-2
+  # layers stepping over each row's padding). 16 episodes of 1 to 4 turns
+  # through 4 rows: rows are refilled, each on its own turn, and every
+  # episode is the fixed batch's for the same per-episode keys: tokens,
+  # transcript, routing of every token, outcome; log-probs within 1e-5.
+  tok, recs = setup
+  cfg = getattr(model, preset)(vocab_size=tok.vocab_size)
+  m = stopping_policy(tok, cfg=cfg)
+  keys = jax.random.split(jax.random.key(5), 2 * len(recs))
+  fixed = rollout.run_episodes(m, tok, recs * 2, cfg=EC, sample=T1,
+                               keys=keys, record_experts=True)
+  stats = {}
+  slots = rollout.run_episodes(m, tok, recs * 2, cfg=EC, sample=T1,
+                               keys=keys, record_experts=True, slots=4,
+                               stats=stats)
+  turns = [e.turns for e in fixed]
+  assert min(turns) == 1 and max(turns) >= 3, turns
+  assert stats['slots'] == 4 and stats['places'] > 1, stats
+  # Each step samples for more than one row on average, fewer than all 4
+  # (rows wait for their environments between turns).
+  assert 1 < stats['tokens_per_step'] <= 4, stats
+  _assert_same_episodes(slots, fixed)
+
+
+def test_continuous_episodes_refuse_bad_input(setup):
+  tok, recs = setup
+  m = stopping_policy(tok)
+  with pytest.raises(ValueError, match='one key an episode'):
+    rollout.run_episodes(m, tok, recs, cfg=EC, sample=T1, slots=2,
+                         keys=jax.random.split(jax.random.key(0), 3))
+  with pytest.raises(ValueError, match='slots must be >= 1'):
+    rollout.run_episodes(m, tok, recs, cfg=EC, sample=T1, slots=-2)
+  with pytest.raises(ValueError, match='episode_slots'):
+    rl.RLConfig(episode_slots=-1)
+
+
+def test_continuous_episode_slots_collect_what_a_key_an_episode_draws(setup):
+  # rl.episode_slots: an episode stage's step plays its episodes a few rows
+  # at a time, a key an episode. The learner's batch is the fixed batch's
+  # with the same keys, row for row: tokens, masks, routing, rewards,
+  # log-probs.
+  tok, recs = setup
+  m = stopping_policy(tok)
+  c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
+                  dynamic_filtering=False, overlong='none', episode_slots=5)
+  key = jax.random.key(4)
+  stream = rl.PromptStream(recs)
+  batch, stats = rl.collect(m, tok, stream, c, key, episodes=EC)
+  assert max(stats['turns']) >= 2, stats['turns']
+  # collect's first round samples with split(key)[1].
+  stream = rl.PromptStream(recs)
+  rows = [r for r in stream.take(4) for _ in range(4)]
+  eps = rollout.run_episodes(
+      m, tok, rows, cfg=EC, sample=c.sample_config, record_experts=True,
+      keys=jax.random.split(jax.random.split(key)[1], 16),
+      prompt_width=stream.prompt_width(tok))
+  want = rl.from_episodes(eps, EC.max_tokens - 1)
+  for name in ('inputs', 'targets', 'mask', 'segment_ids', 'positions',
+               'rewards', 'expert_idx'):
+    np.testing.assert_array_equal(getattr(batch, name), getattr(want, name),
+                                  err_msg=name)
+  np.testing.assert_allclose(batch.sampler_logp, want.sampler_logp, atol=1e-5)

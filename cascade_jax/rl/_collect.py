@@ -232,11 +232,14 @@ def _sample_episodes(policy, tok, stream, recs, cfg: RLConfig, key,
   """One episode per record, its reward the environment's: (batch, truncated [B])."""
   timing = {}
   t0 = time.perf_counter()
+  slots = dict(slots=min(cfg.episode_slots, len(recs)),
+               keys=jax.random.split(key, len(recs))
+               ) if cfg.episode_slots else {}
   eps = rollout.run_episodes(policy, tok, recs, cfg=ec,
                              sample=cfg.sample_config, key=key,
                              record_experts=cfg.routing_replay,
                              prompt_width=stream.prompt_width(tok),
-                             timing=timing)
+                             timing=timing, **slots)
   env_s = timing.get('env_s', 0.0)
   stats['sample_s'] += time.perf_counter() - t0 - env_s
   stats['score_s'] += env_s

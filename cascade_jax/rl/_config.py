@@ -138,9 +138,16 @@ class RLConfig:
   # row whose reply ends taking the next waiting prompt, each rollout with
   # a key of its own (`rollout.row_keys`: its tokens do not depend on the
   # rows beside it). 0: the step's rollouts in one fixed batch, decoded
-  # until the longest reply ends. Episode stages sample each turn in a
-  # fixed batch either way.
+  # until the longest reply ends. Episode stages: `episode_slots`.
   sample_slots: int = 0
+  # Continuous batching of a step's episodes (`run_episodes(slots=...)`,
+  # one device): `episode_slots` episodes play at a time, each row on its
+  # own turn (a reply that ends steps its environment and takes its
+  # observation while the other rows sample), a finished episode's row
+  # taking the next waiting one; an episode a key (`rollout.turn_keys`).
+  # 0: the step's episodes in one fixed batch, each turn until its longest
+  # reply ends, the batch until its longest episode ends.
+  episode_slots: int = 0
 
   def episode_config(self, domain_names: Sequence[str]
                      ) -> rollout.EpisodeConfig:
@@ -212,6 +219,9 @@ class RLConfig:
     if self.sample_slots < 0:
       raise ValueError(f'rl.sample_slots must be >= 0 (0: one fixed batch), '
                        f'got {self.sample_slots}')
+    if self.episode_slots < 0:
+      raise ValueError(f'rl.episode_slots must be >= 0 (0: one fixed batch), '
+                       f'got {self.episode_slots}')
     if self.rollout_worker not in ROLLOUT_WORKERS:
       raise ValueError(f'rl.rollout_worker: {self.rollout_worker!r} not in '
                        f'{ROLLOUT_WORKERS}')

@@ -24,6 +24,7 @@ from cascade_jax.rollout._episodes import Episode
 from cascade_jax.rollout._episodes import EpisodeConfig
 from cascade_jax.rollout._episodes import make_env
 from cascade_jax.rollout._episodes import run_episodes
+from cascade_jax.rollout._episodes import turn_keys
 from cascade_jax.rollout._turns import Conversation
 from cascade_jax.rollout._turns import Turn
 from cascade_jax.rollout._evaluate import evaluate_and_log

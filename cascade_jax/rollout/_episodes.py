@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cascade_jax import data
@@ -113,25 +114,8 @@ def _fit_observation(tok, messages, limit: int) -> list[int]:
   return ids
 
 
-def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
-                 cfg: EpisodeConfig, sample: SampleConfig,
-                 key: jax.Array | None = None, record_experts: bool = False,
-                 sandbox=None, make=make_env, workers: int = 8,
-                 prompt_width: int = 0, timing: dict | None = None
-                 ) -> list[Episode]:
-  """Plays one episode per record (repeat records for G samples each).
-
-  `sample.max_new_tokens` is ignored (`cfg.max_new_tokens` is a reply's
-  budget). `prompt_width`: pad the first messages to at least this many
-  tokens (a run's widest: one shape, one compile). Environments that run
-  anything use `sandbox` (default: one with `envs.TOOL_LIMITS`).
-  `timing`: gets `env_s`, the seconds spent in the environments' steps.
-  """
-  timing = {} if timing is None else timing
-  timing.setdefault('env_s', 0.0)
-  key = jax.random.key(0) if key is None else key
-  sample = dataclasses.replace(sample, max_new_tokens=cfg.max_new_tokens)
-  ctx = getattr(model, 'ctx', None)
+def _start(tok, records, cfg: EpisodeConfig, sandbox, make):
+  """Each record's environment and its episode's first tokens."""
   need_sandbox = any(domains.get(r['domain']).needs_sandbox for r in records)
   if need_sandbox and sandbox is None:
     sandbox = _tool_sandbox()
@@ -147,8 +131,130 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
           f'{cfg.max_tokens}')
     eps.append(Episode(r, list(ids), [0] * len(ids), [0.0] * len(ids),
                        [0] * len(ids), [], messages=list(first)))
+  return envs, eps
+
+
+def _take_reply(e: Episode, tok, tokens, logprobs, kept, experts, n: int
+                ) -> str:
+  """Appends a turn's reply (its first `n` tokens) to `e`; returns its text."""
+  e.turns += 1
+  e.tokens += tokens[:n].tolist()
+  e.model += [1] * n
+  e.logprobs += logprobs[:n].tolist()
+  e.kept += kept[:n].tolist()
+  if experts is not None:
+    # The reply's last token is fed with the next observation (if any).
+    e.experts += list(experts[:n - 1])
+    e.experts.append(np.zeros_like(experts[0]))
+  text = tok.decode([t for t in tokens[:n] if t not in tok.stop_ids])
+  e.messages.append({'role': 'assistant', 'content': text})
+  return text
+
+
+def _after_step(e: Episode, tok, cfg: EpisodeConfig, stopped: bool, step
+                ) -> list[int] | None:
+  """Ends `e` or appends the environment's observation to it: the tokens
+  to feed (the reply's last token, then the observation) or None."""
+  if not stopped:
+    e.end = 'cut'
+  elif step.done:
+    e.end, e.reward = 'done', float(step.reward)
+    e.passed = bool(step.info.get('passed', e.reward >= 1.0))
+  else:
+    e.messages += list(step.messages)
+    obs = _fit_observation(tok, step.messages, cfg.max_observation_tokens)
+    if e.turns == cfg.max_turns:
+      e.end = 'turns'
+    elif len(e.tokens) + len(obs) + cfg.max_new_tokens > cfg.max_tokens:
+      e.end = 'budget'
+    else:
+      feed = [e.tokens[-1]] + obs
+      e.tokens += obs
+      e.model += [0] * len(obs)
+      e.logprobs += [0.0] * len(obs)
+      e.kept += [0] * len(obs)
+      return feed
+  return None
+
+
+def _take_block(e: Episode, block) -> None:
+  """The experts of a fed block (the reply's last token, then the observation)."""
+  e.experts[-1] = block[0]
+  e.experts += list(block[1:])
+
+
+def _step_envs(pool, envs, texts: dict, timing: dict) -> dict:
+  t0 = time.perf_counter()
+  steps = dict(zip(texts, pool.map(lambda i: envs[i].step(texts[i]), texts)))
+  timing['env_s'] += time.perf_counter() - t0
+  return steps
+
+
+def turn_keys(keys: jax.Array, turn: int) -> jax.Array:
+  """Each episode's key for its turn `turn` ([R]): `fold_in(keys[i], turn)`;
+  token t of the turn is drawn with `fold_in` of that and t (`row_keys`)."""
+  return jax.vmap(jax.random.fold_in)(keys, jnp.full(keys.shape, turn))
+
+
+def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
+                 cfg: EpisodeConfig, sample: SampleConfig,
+                 key: jax.Array | None = None, record_experts: bool = False,
+                 sandbox=None, make=make_env, workers: int = 8,
+                 prompt_width: int = 0, timing: dict | None = None,
+                 keys: jax.Array | None = None, slots: int = 0,
+                 refill: int | None = None, stats: dict | None = None
+                 ) -> list[Episode]:
+  """Plays one episode per record (repeat records for G samples each).
+
+  `sample.max_new_tokens` is ignored (`cfg.max_new_tokens` is a reply's
+  budget). `prompt_width`: pad the first messages to at least this many
+  tokens (a run's widest: one shape, one compile). Environments that run
+  anything use `sandbox` (default: one with `envs.TOOL_LIMITS`).
+  `timing`: gets `env_s`, the seconds spent in the environments' steps.
+
+  `keys`: one key an episode ([R]); its turn j's token t is drawn with
+  `row_keys(turn_keys(keys, j), t)`, whatever runs beside it. Without it,
+  each turn's batch draws from one key split from `key`.
+  `slots` > 0: continuous batching (one device): `slots` episodes play
+  at a time, a finished episode's row taking the next waiting one, each
+  row on its own turn (`_episode_slots`; `refill` and `stats` are its);
+  every episode equals the fixed batch's with the same `keys` (tokens;
+  log-probs within float error).
+  """
+  timing = {} if timing is None else timing
+  timing.setdefault('env_s', 0.0)
+  key = jax.random.key(0) if key is None else key
+  sample = dataclasses.replace(sample, max_new_tokens=cfg.max_new_tokens)
+  if keys is not None and keys.shape != (len(records),):
+    raise ValueError(f'run_episodes: {keys.shape} keys for {len(records)} '
+                     'records (give one key an episode)')
+  envs, eps = _start(tok, records, cfg, sandbox, make)
+  pool = concurrent.futures.ThreadPoolExecutor(max(1, workers))
+  try:
+    if slots:
+      from cascade_jax.rollout import _episode_slots  # pylint: disable=g-import-not-at-top
+      keys = jax.random.split(key, len(eps)) if keys is None else keys
+      _episode_slots.play(model, tok, eps, envs, keys, cfg=cfg, sample=sample,
+                          slots=slots, refill=refill, pool=pool,
+                          record_experts=record_experts, timing=timing,
+                          prompt_width=prompt_width, stats=stats)
+    else:
+      _play_fixed(model, tok, eps, envs, key, keys, cfg=cfg, sample=sample,
+                  pool=pool, record_experts=record_experts, timing=timing,
+                  prompt_width=prompt_width)
+  finally:
+    pool.shutdown()
+  return eps
+
+
+def _play_fixed(model, tok, eps, envs, key, keys, *, cfg, sample, pool,
+                record_experts, timing, prompt_width) -> None:
+  """Every episode in one batch, turn by turn, until the last one ends."""
+  ctx = getattr(model, 'ctx', None)
   prompts, _ = sharding.pad_rows([e.tokens for e in eps],
                                  1 if ctx is None else ctx.shards('batch'))
+  if keys is not None:
+    keys, _ = sharding.pad_rows(keys, len(prompts))
   width = max(max(map(len, prompts)), prompt_width)
   conv = Conversation(model, prompts, cfg=sample,
                       max_slots=cfg.slots(width), stop_ids=tok.stop_ids,
@@ -161,67 +267,31 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
       e.experts = list(conv_experts[i, conv_experts.shape[1] - n:])
   alive = np.zeros(len(prompts), bool)
   alive[:len(eps)] = True
-  pool = concurrent.futures.ThreadPoolExecutor(max(1, workers))
-  try:
-    for turn in range(cfg.max_turns):
-      if not alive.any():
-        break
+  for turn in range(cfg.max_turns):
+    if not alive.any():
+      break
+    if keys is None:
       key, sub = jax.random.split(key)
-      out = conv.generate(alive, sub)
-      rows = np.flatnonzero(alive[:len(eps)])
-      texts = {}
-      for i in rows:
-        e, n = eps[i], int(out.lengths[i])
-        e.turns += 1
-        e.tokens += out.tokens[i, :n].tolist()
-        e.model += [1] * n
-        e.logprobs += out.logprobs[i, :n].tolist()
-        e.kept += out.kept[i, :n].tolist()
-        if out.experts is not None:
-          # The reply's last token is fed with the next observation (if any).
-          e.experts += list(out.experts[i, :n - 1])
-          e.experts.append(np.zeros_like(out.experts[i, 0]))
-        reply = [t for t in out.tokens[i, :n] if t not in tok.stop_ids]
-        texts[i] = tok.decode(reply)
-        e.messages.append({'role': 'assistant', 'content': texts[i]})
-      t0 = time.perf_counter()
-      stepped = [i for i in rows if out.stopped[i]]
-      steps = dict(zip(stepped, pool.map(lambda i: envs[i].step(texts[i]),
-                                         stepped)))
-      timing['env_s'] += time.perf_counter() - t0
-      feed = {}
-      for i in rows:
-        e = eps[i]
-        if not out.stopped[i]:
-          e.end = 'cut'
-        elif steps[i].done:
-          e.end, e.reward = 'done', float(steps[i].reward)
-          e.passed = bool(steps[i].info.get('passed', e.reward >= 1.0))
-        else:
-          e.messages += list(steps[i].messages)
-          obs = _fit_observation(tok, steps[i].messages,
-                                 cfg.max_observation_tokens)
-          if turn + 1 == cfg.max_turns:
-            e.end = 'turns'
-          elif len(e.tokens) + len(obs) + cfg.max_new_tokens > cfg.max_tokens:
-            e.end = 'budget'
-          else:
-            feed[i] = [e.tokens[-1]] + obs
-            e.tokens += obs
-            e.model += [0] * len(obs)
-            e.logprobs += [0.0] * len(obs)
-            e.kept += [0] * len(obs)
-        if e.end:
-          alive[i] = False
-      if feed:
-        exps = conv.append(feed)
+    else:
+      sub = turn_keys(keys, turn)
+    out = conv.generate(alive, sub)
+    rows = np.flatnonzero(alive[:len(eps)])
+    texts = {}
+    for i in rows:
+      texts[i] = _take_reply(eps[i], tok, out.tokens[i], out.logprobs[i],
+                             out.kept[i], None if out.experts is None
+                             else out.experts[i], int(out.lengths[i]))
+    steps = _step_envs(pool, envs, {i: texts[i] for i in rows
+                                    if out.stopped[i]}, timing)
+    feed = {}
+    for i in rows:
+      toks = _after_step(eps[i], tok, cfg, bool(out.stopped[i]), steps.get(i))
+      if toks is None:
+        alive[i] = False
+      else:
+        feed[i] = toks
+    if feed:
+      exps = conv.append(feed)
+      if exps is not None:
         for i, toks in feed.items():
-          e = eps[i]
-          if exps is not None:
-            block = list(exps[i, exps.shape[1] - len(toks):])
-            # The reply's last token, then the observation.
-            e.experts[-1] = block[0]
-            e.experts += block[1:]
-  finally:
-    pool.shutdown()
-  return eps
+          _take_block(eps[i], exps[i, exps.shape[1] - len(toks):])

@@ -1,0 +1,359 @@
+"""Continuous batching of episodes: each row plays its own episode on its own turn.
+
+`run_episodes` with a fixed batch plays turn j of every episode together:
+a turn lasts until its longest reply ends, and the batch until its longest
+episode ends, so rows that finished (a short reply, a one-turn episode)
+decode padding meanwhile. Here `slots` rows decode together, each at its
+own point: when a row's reply ends, the host steps its environment and
+either feeds the observation into that row (its next turn starts) or, the
+episode over, prefills the next waiting episode into it. A step's cost
+follows the rows that are sampling.
+
+Each row has its own write index in the KV cache (`KVCache.index` [B]): its
+prompt (left-padded to the run's width), its replies and its observation
+blocks (left-padded to `APPEND_BUCKET` columns, fed a chunk at a time)
+follow each other in its own slots. Prompts and observations go in for the
+rows that need them only: those rows are gathered into a batch of their
+own (a power of two), fed, and written back. A row that is not sampling
+feeds padding in place during the others' decode steps (segment 0, never
+attended; its index stays), so the cache keeps one chunk of headroom.
+Positions count a row's own tokens, as in `Conversation`; Mamba layers step
+over the padding (`carry_mamba`), so every row's keys, values and states
+are its episode's laid out contiguously: what the fixed batch computes, and
+what the learner scores.
+
+An episode's turn j draws token t with `row_keys(turn_keys(keys, j), t)`, its
+key alone, whatever row it runs in and whoever runs beside it: its tokens
+are those of `run_episodes` with the same `keys` and no slots (tested), its
+log-probs equal within float error (other batch shapes).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cascade_jax import model as model_lib
+from cascade_jax import ops
+from cascade_jax.rollout import _decode
+from cascade_jax.rollout import _episodes
+from cascade_jax.rollout import _sampler
+from cascade_jax.rollout import _turns
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Rows:
+  """Each of the B rows' episode state on the device."""
+  cache: model_lib.KVCache     # index [B]: the row's next slot
+  logits: jax.Array            # [B, V] fp32: its next-token logits
+  pos: jax.Array               # [B] the position of the next token it feeds
+  keys: jax.Array              # [B] its current turn's key
+  t: jax.Array                 # [B] tokens sampled this turn
+  tok: jax.Array               # [B] the last token sampled (fed next)
+  live: jax.Array              # [B] bool: sampling its turn
+  toks: jax.Array              # [B, N] this turn's tokens
+  lps: jax.Array               # [B, N]
+  kept: jax.Array              # [B, N]
+  experts: jax.Array           # [B, N, L_moe, k]: token t's experts (fed ones)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
+def _empty(mcfg, b, slots, n, moe, pad_id) -> _Rows:
+  cache = model_lib.init_cache(mcfg, b, slots)
+  cache = dataclasses.replace(cache, index=jnp.zeros((b,), jnp.int32))
+  zeros = lambda dt: jnp.zeros((b,), dt)
+  return _Rows(cache=cache,
+               logits=jnp.zeros((b, mcfg.vocab_size), jnp.float32),
+               pos=zeros(jnp.int32), keys=jax.random.split(jax.random.key(0), b),
+               t=zeros(jnp.int32), tok=jnp.full((b,), pad_id, jnp.int32),
+               live=zeros(bool), toks=jnp.full((b, n), pad_id, jnp.int32),
+               lps=jnp.zeros((b, n), jnp.float32),
+               kept=jnp.full((b, n), mcfg.vocab_size, jnp.int32),
+               experts=jnp.zeros((b, n) + moe, jnp.int32))
+
+
+def _begin(rows: _Rows, start, keys, pos=None) -> _Rows:
+  """Rows `start` [B] bool begin a turn with `keys` [B] (and `pos`)."""
+  return dataclasses.replace(
+      rows, live=rows.live | start, t=jnp.where(start, 0, rows.t),
+      keys=jnp.where(start, keys, rows.keys),
+      pos=rows.pos if pos is None else jnp.where(start, pos, rows.pos))
+
+
+@functools.partial(jax.jit, donate_argnames=('rows',))
+def _place(rows: _Rows, cache, logits, which_k, index_k, pos_k, keys_k
+           ) -> _Rows:
+  """Writes k rows' `cache` and `logits` into rows `which_k` (B: padding,
+  dropped) at write index `index_k` and position `pos_k`; their turn
+  begins with `keys_k`."""
+  put = lambda x, y: x.at[which_k].set(y.astype(x.dtype), mode='drop')
+  old = rows.cache
+  new = model_lib.KVCache(
+      k=tuple(map(put, old.k, cache.k)), v=tuple(map(put, old.v, cache.v)),
+      positions=put(old.positions, cache.positions),
+      segment_ids=put(old.segment_ids, cache.segment_ids),
+      index=put(old.index, index_k),
+      mamba=jax.tree.map(put, old.mamba, cache.mamba))
+  b = rows.t.shape[0]
+  start = jnp.zeros((b,), bool).at[which_k].set(True, mode='drop')
+  rows = dataclasses.replace(rows, cache=new, logits=put(rows.logits, logits))
+  return _begin(rows, start, put(rows.keys, keys_k), put(rows.pos, pos_k))
+
+
+@jax.jit
+def _gather(rows: _Rows, idx_k):
+  """Rows `idx_k`' cache and logits, a batch of their own."""
+  c = rows.cache
+  take = lambda x: x[idx_k]
+  cache = model_lib.KVCache(
+      k=tuple(map(take, c.k)), v=tuple(map(take, c.v)),
+      positions=take(c.positions), segment_ids=take(c.segment_ids),
+      index=take(c.index), mamba=jax.tree.map(take, c.mamba))
+  return cache, rows.logits[idx_k]
+
+
+@functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids'),
+                   donate_argnames=('rows',))
+def _decode_turns(graph, state, layouts, rows: _Rows, wanted, *, cfg,
+                  stop_ids):
+  """Every live row samples its turn until `wanted` rows are not live, or none is.
+
+  A row at token 0 of its turn samples from its logits (its prompt's or
+  observation's); after that it feeds token t - 1 at its own slot and
+  position, then samples token t. A row that is not live feeds padding in
+  place. Returns (rows, the steps run).
+  """
+  model = nnx.merge(graph, state)
+  b, n = rows.toks.shape
+  bi = jnp.arange(b)
+  record = rows.experts.shape[-1] > 0
+  mamba = model_lib.MAMBA in model.cfg.pattern
+
+  def cond(c):
+    r, _ = c
+    return (jnp.sum(~r.live) < wanted) & jnp.any(r.live)
+
+  def body(c):
+    r, steps = c
+    feed = r.live & (r.t > 0)
+    step_logits, cache, step_experts = _decode.forward(
+        model, r.tok[:, None], positions_bt=r.pos[:, None],
+        segment_ids_bt=feed[:, None].astype(jnp.int32), cache=r.cache,
+        layouts=layouts, carry_mamba=mamba)
+    cache = dataclasses.replace(cache, index=r.cache.index + feed)
+    experts = r.experts
+    if record:
+      at = jnp.where(feed, r.t - 1, n)                     # n: dropped
+      experts = experts.at[bi, at].set(step_experts[:, 0], mode='drop')
+    logits = jnp.where(feed[:, None], step_logits[:, -1].astype(jnp.float32),
+                       r.logits)
+    tok, lp, n_kept = _sampler._select(logits, _sampler.row_keys(r.keys, r.t),  # pylint: disable=protected-access
+                                       cfg)
+    at = jnp.where(r.live, r.t, n)                         # n: dropped
+    t = r.t + r.live
+    return dataclasses.replace(
+        r, cache=cache, logits=logits, pos=r.pos + feed, t=t,
+        tok=jnp.where(r.live, tok, r.tok),
+        toks=r.toks.at[bi, at].set(tok, mode='drop'),
+        lps=r.lps.at[bi, at].set(lp, mode='drop'),
+        kept=r.kept.at[bi, at].set(n_kept, mode='drop'),
+        experts=experts,
+        live=r.live & ~(_sampler.is_stop(tok, stop_ids) | (t >= n))
+    ), steps + 1
+
+  return jax.lax.while_loop(cond, body, (rows, jnp.zeros((), jnp.int32)))
+
+
+def _bucket(k: int, b: int) -> int:
+  return min(1 << max(k - 1, 0).bit_length(), b)
+
+
+class _Engine:
+  """The rows on the device and the host calls that change them."""
+
+  def __init__(self, model, *, b, width, slots, sample, stop_ids, pad_id,
+               record_experts):
+    if getattr(model, 'ctx', None) is not None:
+      raise ValueError('run_episodes(slots=...): the model is sharded over a '
+                       'mesh; continuous batching runs on one device')
+    self.model, self.b, self.width, self.pad_id = model, b, width, pad_id
+    self.graph, self.state = nnx.split(model)
+    self.static = dict(cfg=sample, stop_ids=_sampler.stop_tuple(stop_ids))
+    self.slots = slots
+    mcfg = model.cfg
+    n_moe = mcfg.pattern.count(model_lib.MOE)
+    moe = (n_moe, mcfg.moe.top_k) if record_experts and n_moe else (0, 0)
+    self.record = bool(moe[0])
+    self.mamba = model_lib.MAMBA in mcfg.pattern
+    self.layouts = _turns_layouts(self.graph, self.state, b)
+    self.rows = _empty(mcfg, b, slots, sample.max_new_tokens, moe, pad_id)
+
+  def _block(self, blocks: list, w: int, starts: list[int]):
+    """Left-padded [k, w] tokens, validity and positions (k: the bucket of
+    len(blocks); padding rows empty)."""
+    k = _bucket(len(blocks), self.b)
+    toks = np.full((k, w), self.pad_id, np.int32)
+    valid = np.zeros((k, w), bool)
+    pos = np.zeros((k, w), np.int32)
+    for j, (t, p0) in enumerate(zip(blocks, starts)):
+      toks[j, w - len(t):], valid[j, w - len(t):] = t, True
+      pos[j, w - len(t):] = p0 + np.arange(len(t))
+    return toks, valid, pos
+
+  def _rows(self, which: np.ndarray, k: int):
+    """(rows to gather, rows to write: padding goes to B and is dropped)."""
+    pad = k - len(which)
+    return (np.concatenate([which, np.repeat(which[:1], pad)]).astype(np.int32),
+            np.concatenate([which, np.full((pad,), self.b)]).astype(np.int32))
+
+  def _keys(self, keys: jax.Array, k: int) -> jax.Array:
+    return jnp.concatenate([keys, jnp.repeat(keys[:1], k - len(keys), 0)])
+
+  def place(self, which: np.ndarray, prompts: list, keys: jax.Array):
+    """Prefills `prompts` (left-padded to the run's width, as
+    `Conversation`'s first block) into rows `which`, fresh; their first
+    turn begins with `keys`. Returns the block's experts [k, W, L, k] (or
+    None)."""
+    w = self.width
+    toks, valid, pos = self._block(prompts, w, [0] * len(prompts))
+    k = toks.shape[0]
+    cache = model_lib.init_cache(self.model.cfg, k, self.slots)
+    logits, cache, experts = _turns._feed(  # pylint: disable=protected-access
+        self.graph, self.state, jnp.asarray(toks), jnp.asarray(valid),
+        jnp.asarray(pos), cache,
+        jnp.zeros((k, self.model.cfg.vocab_size), jnp.float32))
+    _, put = self._rows(which, k)
+    self.rows = _place(self.rows, cache, logits, jnp.asarray(put),
+                       jnp.full((k,), w, jnp.int32),
+                       jnp.asarray(valid.sum(1), jnp.int32),
+                       self._keys(keys, k))
+    return np.asarray(experts) if self.record else None
+
+  def feed(self, which: np.ndarray, blocks: list, keys: jax.Array):
+    """Feeds rows `which` their tokens (left-padded to whole chunks of
+    `APPEND_BUCKET`, as `Conversation.append`), those rows gathered into a
+    batch of their own; their next turn begins with `keys`. Returns the
+    block's experts [k, W, L, k] (row j: which[j]) or None."""
+    bucket = _turns.APPEND_BUCKET
+    w = -(-max(map(len, blocks)) // bucket) * bucket
+    here = np.asarray(self.rows.pos)
+    toks, valid, pos = self._block(blocks, w, list(here[which]))
+    k = toks.shape[0]
+    take, put = self._rows(which, k)
+    cache, logits = _gather(self.rows, jnp.asarray(take))
+    feed = _turns._feed_steps if self.mamba else _turns._feed  # pylint: disable=protected-access
+    out = []
+    for c in range(0, w, bucket):
+      logits, cache, experts = feed(
+          self.graph, self.state, jnp.asarray(toks[:, c:c + bucket]),
+          jnp.asarray(valid[:, c:c + bucket]),
+          jnp.asarray(pos[:, c:c + bucket]), cache, logits)
+      out.append(experts)
+    self.rows = _place(self.rows, cache, logits, jnp.asarray(put),
+                       cache.index,
+                       jnp.asarray(here[take] + valid.sum(1), jnp.int32),
+                       self._keys(keys, k))
+    if not self.record:
+      return None
+    return np.concatenate([np.asarray(e) for e in out], 1)
+
+  def decode(self, wanted: int) -> int:
+    self.rows, ran = _decode_turns(self.graph, self.state, self.layouts,
+                                   self.rows, jnp.asarray(wanted, jnp.int32),
+                                   **self.static)
+    return int(ran)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _turns_layouts(graph, state, b):
+  return _decode.model_decode_weights(nnx.merge(graph, state), b)
+
+
+def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
+         refill, pool, record_experts: bool, timing: dict, prompt_width: int,
+         stats: dict | None) -> None:
+  """Plays `eps` (started by `run_episodes`) `slots` rows at a time."""
+  if slots < 1:
+    raise ValueError(f'run_episodes: slots must be >= 1, got {slots}')
+  r = len(eps)
+  b = min(slots, r)
+  width = max(max(len(e.tokens) for e in eps), prompt_width)
+  refill = max(1, b // 8) if refill is None else max(1, int(refill))
+  engine = _Engine(model, b=b, width=width, sample=sample,
+                   slots=ops.cache_slots(cfg.slots(width) +
+                                         _turns.APPEND_BUCKET),
+                   stop_ids=tok.stop_ids, pad_id=tok.pad_id,
+                   record_experts=record_experts)
+  stop_ids = _sampler.stop_tuple(tok.stop_ids)
+  waiting = collections.deque(range(r))
+  episode = np.full((b,), -1)              # the episode each row plays
+  steps = row_steps = places = 0
+  while True:
+    free = np.flatnonzero(episode < 0)[:len(waiting)]
+    if len(free):
+      idx = [waiting.popleft() for _ in free]
+      episode[free] = idx
+      exps = engine.place(free, [eps[i].tokens for i in idx],
+                          _episodes.turn_keys(keys[np.asarray(idx)], 0))
+      places += 1
+      if exps is not None:
+        for j, i in enumerate(idx):
+          eps[i].experts = list(exps[j, width - len(eps[i].tokens):])
+    if not (episode >= 0).any():
+      break
+    # Back to the host once `refill` more rows have ended their turn (their
+    # environments step, their observations or next episodes go in), or
+    # no row is sampling.
+    wanted = min(b, int((episode < 0).sum()) + refill)
+    steps += engine.decode(wanted)
+    rows = engine.rows
+    live, t, toks = np.asarray(rows.live), np.asarray(rows.t), np.asarray(
+        rows.toks)
+    ended = np.flatnonzero(~live & (episode >= 0))
+    if not len(ended):
+      continue
+    lps, kept = np.asarray(rows.lps), np.asarray(rows.kept)
+    experts = np.asarray(rows.experts) if engine.record else None
+    texts, stopped = {}, {}
+    for row in ended:
+      stops = np.isin(toks[row], stop_ids)
+      stopped[row] = bool(stops[:t[row]].any())
+      length = int(np.argmax(stops)) + 1 if stopped[row] else int(t[row])
+      row_steps += length
+      texts[row] = _episodes._take_reply(  # pylint: disable=protected-access
+          eps[episode[row]], tok, toks[row], lps[row], kept[row],
+          None if experts is None else experts[row], length)
+    answers = _episodes._step_envs(  # pylint: disable=protected-access
+        pool, {row: envs[episode[row]] for row in ended},
+        {row: texts[row] for row in ended if stopped[row]}, timing)
+    blocks = {}
+    for row in ended:
+      e = eps[episode[row]]
+      fed = _episodes._after_step(e, tok, cfg, stopped[row], answers.get(row))  # pylint: disable=protected-access
+      if fed is None:
+        episode[row] = -1
+      else:
+        blocks[row] = fed
+    if blocks:
+      which = np.asarray(list(blocks))
+      ek = keys[np.asarray(episode[which])]
+      turns = jnp.asarray([eps[episode[row]].turns for row in which])
+      exps = engine.feed(which, list(blocks.values()),
+                         jax.vmap(jax.random.fold_in)(ek, turns))
+      if exps is not None:
+        for j, (row, fed) in enumerate(blocks.items()):
+          _episodes._take_block(eps[episode[row]],  # pylint: disable=protected-access
+                                exps[j, exps.shape[1] - len(fed):])
+  if stats is not None:
+    stats.update(steps=steps, row_steps=row_steps, places=places,
+                 slots=b, tokens_per_step=row_steps / max(steps, 1))
+
+
+__all__ = ['play']
