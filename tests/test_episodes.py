@@ -278,6 +278,10 @@ def test_continuous_episode_slots_collect_what_a_key_an_episode_draws(setup):
       keys=jax.random.split(jax.random.split(key)[1], 16),
       prompt_width=stream.prompt_width(tok))
   want = rl.from_episodes(eps, EC.max_tokens - 1)
+  # The step's decode counts (rl metrics episode_decode_steps and
+  # episode_tokens_per_step): every token the model sampled, once.
+  assert stats['sampled_tokens'] == sum(sum(e.model) for e in eps)
+  assert 0 < stats['decode_steps'] < stats['sampled_tokens']
   for name in ('inputs', 'targets', 'mask', 'segment_ids', 'positions',
                'rewards', 'expert_idx'):
     np.testing.assert_array_equal(getattr(batch, name), getattr(want, name),

@@ -150,7 +150,8 @@ def collect(policy, tok: data.Tokenizer, stream: PromptStream, cfg: RLConfig,
   g = cfg.rollouts_per_prompt
   kept, probe = [], None
   stats = dict(groups=0, filtered_groups=0, truncated=0.0, sample_s=0.0,
-               score_s=0.0, rewards=[], sampled_prompts=0, turns=[], ends=[])
+               score_s=0.0, rewards=[], sampled_prompts=0, turns=[], ends=[],
+               decode_steps=0, sampled_tokens=0)
   rounds = 1 + (cfg.max_refill_rounds if cfg.dynamic_filtering else 0)
   for round_ in range(rounds):
     missing = cfg.prompts_per_step - len(kept)
@@ -230,7 +231,7 @@ def _sample_episodes(policy, tok, stream, recs, cfg: RLConfig, key,
                      ec: rollout.EpisodeConfig, stats
                      ) -> tuple[_batch.RLBatch, np.ndarray]:
   """One episode per record, its reward the environment's: (batch, truncated [B])."""
-  timing = {}
+  timing, decode = {}, {}
   t0 = time.perf_counter()
   slots = dict(slots=min(cfg.episode_slots, len(recs)),
                keys=jax.random.split(key, len(recs))
@@ -239,12 +240,14 @@ def _sample_episodes(policy, tok, stream, recs, cfg: RLConfig, key,
                              sample=cfg.sample_config, key=key,
                              record_experts=cfg.routing_replay,
                              prompt_width=stream.prompt_width(tok),
-                             timing=timing, **slots)
+                             timing=timing, stats=decode, **slots)
   env_s = timing.get('env_s', 0.0)
   stats['sample_s'] += time.perf_counter() - t0 - env_s
   stats['score_s'] += env_s
   stats['turns'] += [e.turns for e in eps]
   stats['ends'] += [e.end for e in eps]
+  stats['decode_steps'] += decode['steps']
+  stats['sampled_tokens'] += decode['row_steps']
   batch = _batch.from_episodes(eps, ec.max_tokens - 1)
   return _agreed(batch, np.asarray([e.truncated for e in eps]))
 
@@ -298,4 +301,9 @@ def step_metrics(stats: dict) -> dict[str, float]:
     m['episode_turns'] = float(np.mean(stats['turns']))
     for end in rollout.ENDS:
       m[f'episode_end_{end}'] = float(np.mean(np.asarray(stats['ends']) == end))
+    # The sampler's decode steps, and the tokens each sampled on average
+    # (continuous batching keeps more rows sampling a step).
+    m['episode_decode_steps'] = stats['decode_steps']
+    m['episode_tokens_per_step'] = (stats['sampled_tokens'] /
+                                    max(stats['decode_steps'], 1))
   return m

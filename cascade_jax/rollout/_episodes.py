@@ -217,9 +217,10 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
   each turn's batch draws from one key split from `key`.
   `slots` > 0: continuous batching (one device): `slots` episodes play
   at a time, a finished episode's row taking the next waiting one, each
-  row on its own turn (`_episode_slots`; `refill` and `stats` are its);
-  every episode equals the fixed batch's with the same `keys` (tokens;
-  log-probs within float error).
+  row on its own turn (`_episode_slots`; `refill` is its); every episode
+  equals the fixed batch's with the same `keys` (tokens; log-probs within
+  float error). `stats`: gets `steps` (decode steps), `row_steps` (tokens
+  sampled) and `tokens_per_step`.
   """
   timing = {} if timing is None else timing
   timing.setdefault('env_s', 0.0)
@@ -241,14 +242,14 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
     else:
       _play_fixed(model, tok, eps, envs, key, keys, cfg=cfg, sample=sample,
                   pool=pool, record_experts=record_experts, timing=timing,
-                  prompt_width=prompt_width)
+                  prompt_width=prompt_width, stats=stats)
   finally:
     pool.shutdown()
   return eps
 
 
 def _play_fixed(model, tok, eps, envs, key, keys, *, cfg, sample, pool,
-                record_experts, timing, prompt_width) -> None:
+                record_experts, timing, prompt_width, stats) -> None:
   """Every episode in one batch, turn by turn, until the last one ends."""
   ctx = getattr(model, 'ctx', None)
   prompts, _ = sharding.pad_rows([e.tokens for e in eps],
@@ -267,6 +268,7 @@ def _play_fixed(model, tok, eps, envs, key, keys, *, cfg, sample, pool,
       e.experts = list(conv_experts[i, conv_experts.shape[1] - n:])
   alive = np.zeros(len(prompts), bool)
   alive[:len(eps)] = True
+  decode_steps = row_steps = 0
   for turn in range(cfg.max_turns):
     if not alive.any():
       break
@@ -274,7 +276,10 @@ def _play_fixed(model, tok, eps, envs, key, keys, *, cfg, sample, pool,
       key, sub = jax.random.split(key)
     else:
       sub = turn_keys(keys, turn)
+    before = conv.index
     out = conv.generate(alive, sub)
+    decode_steps += conv.index - before          # decode steps (a token fed each)
+    row_steps += int(out.lengths.sum())
     rows = np.flatnonzero(alive[:len(eps)])
     texts = {}
     for i in rows:
@@ -295,3 +300,6 @@ def _play_fixed(model, tok, eps, envs, key, keys, *, cfg, sample, pool,
       if exps is not None:
         for i, toks in feed.items():
           _take_block(eps[i], exps[i, exps.shape[1] - len(toks):])
+  if stats is not None:
+    stats.update(steps=decode_steps, row_steps=row_steps,
+                 tokens_per_step=row_steps / max(decode_steps, 1))
