@@ -98,6 +98,19 @@ def _empty_rows(cfg, b, p, n, slots, key, record, pad_id) -> _Rows:
                done=jnp.ones((b,), bool))
 
 
+def put_rows(cache: model_lib.KVCache, new: model_lib.KVCache, which_k,
+             index_k) -> model_lib.KVCache:
+  """`cache` [B rows] with `new`'s k rows written into rows `which_k` (B:
+  padding, dropped), their write index `index_k` [k]."""
+  put = lambda x, y: x.at[which_k].set(y.astype(x.dtype), mode='drop')
+  return model_lib.KVCache(
+      k=tuple(map(put, cache.k, new.k)), v=tuple(map(put, cache.v, new.v)),
+      positions=put(cache.positions, new.positions),
+      segment_ids=put(cache.segment_ids, new.segment_ids),
+      index=put(cache.index, index_k),
+      mamba=jax.tree.map(put, cache.mamba, new.mamba))
+
+
 def _flush(rows: _Rows, out: _Out, which_k) -> _Out:
   """`out` with the sequences of rows `which_k` (B: none) written by prompt."""
   r = out.toks.shape[0]
@@ -133,13 +146,7 @@ def _insert(graph, state, layouts, rows: _Rows, out: _Out, prompts_rp, lens_r,
   if rows.experts.shape[-1]:
     experts = experts.at[:, :p].set(prompt_experts)
   put = lambda x, y: x.at[which_k].set(y.astype(x.dtype), mode='drop')
-  cache = rows.cache
-  cache = model_lib.KVCache(
-      k=tuple(map(put, cache.k, fresh.k)), v=tuple(map(put, cache.v, fresh.v)),
-      positions=put(cache.positions, fresh.positions),
-      segment_ids=put(cache.segment_ids, fresh.segment_ids),
-      index=put(cache.index, jnp.full((k,), p)),
-      mamba=jax.tree.map(put, cache.mamba, fresh.mamba))
+  cache = put_rows(rows.cache, fresh, which_k, jnp.full((k,), p))
   first = lambda x, fill, dt: jnp.full((k, n), fill, dt).at[:, 0].set(x)
   rows = _Rows(
       cache=cache, req=put(rows.req, req_k), keys=put(rows.keys, keys_k),

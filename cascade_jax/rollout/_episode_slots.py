@@ -41,6 +41,7 @@ from flax import nnx
 
 from cascade_jax import model as model_lib
 from cascade_jax import ops
+from cascade_jax.rollout import _continuous
 from cascade_jax.rollout import _decode
 from cascade_jax.rollout import _episodes
 from cascade_jax.rollout import _sampler
@@ -94,13 +95,7 @@ def _place(rows: _Rows, cache, logits, which_k, index_k, pos_k, keys_k
   dropped) at write index `index_k` and position `pos_k`; their turn
   begins with `keys_k`."""
   put = lambda x, y: x.at[which_k].set(y.astype(x.dtype), mode='drop')
-  old = rows.cache
-  new = model_lib.KVCache(
-      k=tuple(map(put, old.k, cache.k)), v=tuple(map(put, old.v, cache.v)),
-      positions=put(old.positions, cache.positions),
-      segment_ids=put(old.segment_ids, cache.segment_ids),
-      index=put(old.index, index_k),
-      mamba=jax.tree.map(put, old.mamba, cache.mamba))
+  new = _continuous.put_rows(rows.cache, cache, which_k, index_k)
   b = rows.t.shape[0]
   start = jnp.zeros((b,), bool).at[which_k].set(True, mode='drop')
   rows = dataclasses.replace(rows, cache=new, logits=put(rows.logits, logits))
