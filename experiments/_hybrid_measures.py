@@ -87,3 +87,29 @@ def sft_mix(files):
             for d, cs in sorted(diffs.items())))
   return '; '.join(parts) or 'no arm beside the default', dict(
       changes=changes)
+
+
+def if_hurts(files):
+  """Rule 6 on the hybrid: hybrid_if_hurts/base/report.json (the cascade
+  IF-RL reruns start from: its SFT), hybrid_if_hurts/if_rl/seed<S>/
+  rerun.json (IF-RL's preference change from SFT per stage seed) and
+  RLHF's Bradley-Terry reruns from MOPD (.../bt_kl0.1_seed<S>/rerun.json:
+  their preference after RLHF, mean over seeds, against SFT's)."""
+  rep = load(next(f for f in files if f.endswith('report.json')))
+  sft = next(s for s in rep['stages'] if s['name'] == 'sft')
+  start = sft['scores']['preference']['pass_rate']
+  reruns = [row(load(f), 'preference') for f in sorted(files)
+            if '/if_rl/' in f and f.endswith('rerun.json')]
+  rlhf = [row(load(f), 'preference') for f in sorted(files)
+          if '/bt_kl0.1_' in f and f.endswith('rerun.json')]
+  drops = [r['change'] for r in reruns]
+  hurt = sum(r['change'] < -2 * r['se'] for r in reruns)
+  after = float(np.mean([r['after'] for r in rlhf])) if rlhf else float('nan')
+  text = (f"IF-RL changes pref {', '.join(f'{d:+.3f}' for d in drops)} "
+          f'({len(drops)} seeds, {hurt} beyond 2 SE) from SFT {start:.3f}; '
+          f'RLHF (Bradley-Terry) from MOPD over {len(rlhf)} seeds: '
+          + (f"{np.mean([r['before'] for r in rlhf]):.3f} -> {after:.3f} "
+             f'(SFT {start:.3f})' if rlhf else 'none'))
+  return text, dict(changes=[dict(change=r['change'], se=r['se'])
+                             for r in reruns],
+                    start=start, recovered=after)

@@ -444,7 +444,8 @@ MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     kl_main=_kl_main, mopd_gap=_mopd_gap,
     own_domain_seeds=_hybrid_measures.own_domain_seeds,
     hybrid_rlhf=_hybrid_measures.hybrid_rlhf,
-    sft_mix=_hybrid_measures.sft_mix)
+    sft_mix=_hybrid_measures.sft_mix,
+    if_hurts_hybrid=_hybrid_measures.if_hurts)
 
 
 def _provenance(files: list[str]) -> str:

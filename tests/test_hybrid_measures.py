@@ -67,3 +67,48 @@ def test_the_hybrid_sft_mix_measure_feeds_its_rule(tmp_path):
   assert claims.verdict(rule, m) == 'no'
   assert claims.verdict(rule, status.MEASURES['sft_mix'](files[:-1])[1]) \
       == 'open (2 of 3 seeds)'
+
+
+def test_the_hybrid_if_hurts_measure_feeds_its_rule(tmp_path):
+  # Rule 28: IF-RL's preference change per seed (one seed down beyond 2
+  # SE: hurts) and RLHF's preference after, mean over its Bradley-Terry
+  # reruns, against the base's SFT (above: recovers).
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['28_if_hurts_hybrid']
+  assert 'post_hoc' not in rule
+
+  def measured(if_changes, rlhf_after):
+    root = tmp_path / str(len(list(tmp_path.iterdir())))
+    base = root / 'hybrid_if_hurts' / 'base' / 'report.json'
+    base.parent.mkdir(parents=True)
+    base.write_text(json.dumps(dict(stages=[dict(
+        name='sft', scores=dict(preference=dict(pass_rate=0.3)))])))
+    files = [str(base)]
+    for s, c in enumerate(if_changes):
+      path = root / 'hybrid_if_hurts' / 'if_rl' / f'seed{s}' / 'rerun.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(rows=[dict(
+          domain='preference', before=0.3, after=0.3 + c, change=c,
+          se=0.02)])))
+      files.append(str(path))
+    for s, a in enumerate(rlhf_after):
+      path = root / 'hybrid_rlhf_reward' / f'bt_kl0.1_seed{s}' / 'rerun.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(rows=[dict(
+          domain='preference', before=0.25, after=a, change=a - 0.25,
+          se=0.02)])))
+      files.append(str(path))
+    return status.MEASURES[rule['measure']](files)
+
+  text, m = measured([-0.06, -0.01, 0.0], [0.33, 0.35, 0.34])
+  assert text == ('IF-RL changes pref -0.060, -0.010, +0.000 (3 seeds, 1 '
+                  'beyond 2 SE) from SFT 0.300; RLHF (Bradley-Terry) from '
+                  'MOPD over 3 seeds: 0.250 -> 0.340 (SFT 0.300)'), text
+  assert claims.verdict(rule, m) == 'holds'
+  # RLHF ends below SFT: IF-RL hurts, RLHF does not recover.
+  assert claims.verdict(rule, measured([-0.06, -0.01, 0.0],
+                                       [0.2, 0.25, 0.3])[1]) == 'no'
+  # No seed down beyond 2 SE, RLHF above SFT.
+  assert claims.verdict(rule, measured([-0.03, 0.01, 0.0],
+                                       [0.33, 0.35, 0.34])[1]) == \
+      'RLHF recovers; IF-RL does not hurt here'
