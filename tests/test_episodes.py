@@ -216,9 +216,11 @@ def _assert_same_episodes(got, want):
       np.testing.assert_array_equal(a, b, err_msg=msg)
 
 
-@pytest.mark.parametrize('preset', [
-    'small',
-    pytest.param('small_hybrid', marks=pytest.mark.slow)])  # ~35 s: CI runs it
+# Not the main job's path (rl.episode_slots=0): slow (~30 s on `small`,
+# more on the hybrid, against a default suite past its 15 minutes on a
+# slower machine); CI runs them.
+@pytest.mark.slow
+@pytest.mark.parametrize('preset', ['small', 'small_hybrid'])
 def test_continuous_episodes_equal_the_fixed_batch_with_the_same_keys(
     setup, preset):
   # The main job's models (small: capacity dispatch; small_hybrid: Mamba-2
@@ -257,6 +259,7 @@ def test_continuous_episodes_refuse_bad_input(setup):
     rl.RLConfig(episode_slots=-1)
 
 
+@pytest.mark.slow  # ~10 s, not the main job's path: CI runs it
 def test_continuous_episode_slots_collect_what_a_key_an_episode_draws(setup):
   # rl.episode_slots: an episode stage's step plays its episodes a few rows
   # at a time, a key an episode. The learner's batch is the fixed batch's
