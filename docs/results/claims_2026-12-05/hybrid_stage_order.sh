@@ -5,9 +5,10 @@
 #
 #   bash docs/results/claims_2026-12-05/hybrid_stage_order.sh RUNS
 #
-# About 2.5 hours on 2 cores (three hybrid SFTs, then nine hybrid cascades
-# of RL stages two at a time); run again after a kill and finished stages
-# are skipped. Then each RUNS/A/seed=S/report/report.json to
+# Three hybrid SFTs, then nine hybrid cascades of RL stages two at a time:
+# about 2.5 hours on 2 cores by an estimate, not a run (rule 26's hybrid
+# cascade through MOPD took 18 minutes on a 2-core Xeon beside other runs).
+# Run it again after a kill: finished stages are skipped. Then each RUNS/A/seed=S/report/report.json to
 # docs/results/claims_<date>/hybrid_stage_order/A/seedS/report.json.
 set -eu
 RUNS=$1
