@@ -103,12 +103,7 @@ def put_rows(cache: model_lib.KVCache, new: model_lib.KVCache, which_k,
   """`cache` [B rows] with `new`'s k rows written into rows `which_k` (B:
   padding, dropped), their write index `index_k` [k]."""
   put = lambda x, y: x.at[which_k].set(y.astype(x.dtype), mode='drop')
-  return model_lib.KVCache(
-      k=tuple(map(put, cache.k, new.k)), v=tuple(map(put, cache.v, new.v)),
-      positions=put(cache.positions, new.positions),
-      segment_ids=put(cache.segment_ids, new.segment_ids),
-      index=put(cache.index, index_k),
-      mamba=jax.tree.map(put, cache.mamba, new.mamba))
+  return jax.tree.map(put, cache, dataclasses.replace(new, index=index_k))
 
 
 def _flush(rows: _Rows, out: _Out, which_k) -> _Out:

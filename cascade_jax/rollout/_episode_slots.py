@@ -105,13 +105,7 @@ def _place(rows: _Rows, cache, logits, which_k, index_k, pos_k, keys_k
 @jax.jit
 def _gather(rows: _Rows, idx_k):
   """Rows `idx_k`' cache and logits, a batch of their own."""
-  c = rows.cache
-  take = lambda x: x[idx_k]
-  cache = model_lib.KVCache(
-      k=tuple(map(take, c.k)), v=tuple(map(take, c.v)),
-      positions=take(c.positions), segment_ids=take(c.segment_ids),
-      index=take(c.index), mamba=jax.tree.map(take, c.mamba))
-  return cache, rows.logits[idx_k]
+  return jax.tree.map(lambda x: x[idx_k], (rows.cache, rows.logits))
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids'),
@@ -166,10 +160,6 @@ def _decode_turns(graph, state, layouts, rows: _Rows, wanted, *, cfg,
   return jax.lax.while_loop(cond, body, (rows, jnp.zeros((), jnp.int32)))
 
 
-def _bucket(k: int, b: int) -> int:
-  return min(1 << max(k - 1, 0).bit_length(), b)
-
-
 class _Engine:
   """The rows on the device and the host calls that change them."""
 
@@ -187,13 +177,13 @@ class _Engine:
     moe = (n_moe, mcfg.moe.top_k) if record_experts and n_moe else (0, 0)
     self.record = bool(moe[0])
     self.mamba = model_lib.MAMBA in mcfg.pattern
-    self.layouts = _turns_layouts(self.graph, self.state, b)
+    self.layouts = _continuous._layouts(self.graph, self.state, b)  # pylint: disable=protected-access
     self.rows = _empty(mcfg, b, slots, sample.max_new_tokens, moe, pad_id)
 
   def _block(self, blocks: list, w: int, starts: list[int]):
     """Left-padded [k, w] tokens, validity and positions (k: the bucket of
     len(blocks); padding rows empty)."""
-    k = _bucket(len(blocks), self.b)
+    k = _continuous._bucket(len(blocks), self.b)  # pylint: disable=protected-access
     toks = np.full((k, w), self.pad_id, np.int32)
     valid = np.zeros((k, w), bool)
     pos = np.zeros((k, w), np.int32)
@@ -266,11 +256,6 @@ class _Engine:
     return int(ran)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _turns_layouts(graph, state, b):
-  return _decode.model_decode_weights(nnx.merge(graph, state), b)
-
-
 def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
          refill, pool, record_experts: bool, timing: dict, prompt_width: int,
          stats: dict | None) -> None:
@@ -338,10 +323,9 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
         blocks[row] = fed
     if blocks:
       which = np.asarray(list(blocks))
-      ek = keys[np.asarray(episode[which])]
       turns = jnp.asarray([eps[episode[row]].turns for row in which])
-      exps = engine.feed(which, list(blocks.values()),
-                         jax.vmap(jax.random.fold_in)(ek, turns))
+      exps = engine.feed(which, list(blocks.values()), _episodes.turn_keys(
+          keys[np.asarray(episode[which])], turns))
       if exps is not None:
         for j, (row, fed) in enumerate(blocks.items()):
           _episodes._take_block(eps[episode[row]],  # pylint: disable=protected-access

@@ -190,10 +190,11 @@ def _step_envs(pool, envs, texts: dict, timing: dict) -> dict:
   return steps
 
 
-def turn_keys(keys: jax.Array, turn: int) -> jax.Array:
-  """Each episode's key for its turn `turn` ([R]): `fold_in(keys[i], turn)`;
-  token t of the turn is drawn with `fold_in` of that and t (`row_keys`)."""
-  return jax.vmap(jax.random.fold_in)(keys, jnp.full(keys.shape, turn))
+def turn_keys(keys: jax.Array, turn) -> jax.Array:
+  """Each episode's key for its turn `turn` ([] or [R]: each its own):
+  `fold_in(keys[i], turn[i])`; token t of the turn is drawn with `fold_in`
+  of that and t (`row_keys`)."""
+  return jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(turn, keys.shape))
 
 
 def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
