@@ -12,10 +12,14 @@
 # two main jobs side by side take about 1.25 x one alone). Then each
 # RUNS/A/seed=S/report/report.json goes to
 # docs/results/claims_<date>/stage_order/A/seedS/report.json.
+# CASCADE_FLAGS: more flags for every cascade (rule 29, the hybrid:
+# docs/results/claims_2026-12-05/hybrid_stage_order.sh); rule 12 ran
+# without.
 set -eu
 RUNS=$1; shift
 SOURCES=("$@")
 PY=${PY:-python}
+FLAGS=${CASCADE_FLAGS:-}
 declare -A ORDER=(
   [default]=sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,long_context_rl,code_rl,swe_rl,swe_agent_rl
   [cascade1]=sft,rm,rlhf_branch,rlhf,if_rl,multi_domain_rl,mopd,long_context_rl,code_rl,swe_rl,swe_agent_rl
@@ -26,8 +30,9 @@ for S in 0 1 2; do
   src=${SOURCES[$S]:-}
   if [ -z "$src" ]; then
     src=$RUNS/base/seed=$S
-    $PY -m experiments.cascade --config=configs/cascade.py --config.seed=$S \
-      --config.order=sft,rm --workdir="$src" > "$RUNS/base_$S.log" 2>&1
+    $PY -m experiments.cascade --config=configs/cascade.py $FLAGS \
+      --config.seed=$S --config.order=sft,rm --workdir="$src" \
+      > "$RUNS/base_$S.log" 2>&1
   fi
   for A in default cascade1 code_first; do
     mkdir -p "$RUNS/$A/seed=$S"
@@ -42,7 +47,7 @@ done | xargs -P 2 -L 1 bash -c '
   A=$0; S=$1
   declare -A O=([default]='"${ORDER[default]}"' [cascade1]='"${ORDER[cascade1]}"' [code_first]='"${ORDER[code_first]}"')
   echo "start $A seed $S $(date -u +%FT%TZ)"
-  '"$PY"' -m experiments.cascade --config=configs/cascade.py --config.seed=$S \
+  '"$PY"' -m experiments.cascade --config=configs/cascade.py '"$FLAGS"' --config.seed=$S \
     --config.order=${O[$A]} --workdir='"$RUNS"'/$A/seed=$S \
     > '"$RUNS"'/${A}_$S.log 2>&1
   echo "done $A seed $S rc=$? $(date -u +%FT%TZ)"'
