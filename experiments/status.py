@@ -370,12 +370,14 @@ def _stage_order(files):
 
 def _kl_main(files):
   """The main job at KL 0.03 (.../rlhf_kl_main/report.json for seed 0,
-  .../rlhf_kl_main/seedS/report.json) against the forgetting sweep's 0.1
-  jobs (.../forgetting/seedS/report.json): rule 13's (a) and (b) per seed."""
+  .../rlhf_kl_main/seedS/report.json; the hybrid's in hybrid_rlhf_kl_main/)
+  against the 0.1 jobs of the same seeds (any other file: rule 13's
+  forgetting sweep, .../forgetting/seedS/report.json; rule 30's, rule 29's
+  default arm): rules 13 and 30's (a) and (b) per seed."""
   arms = {}                                  # kl -> seed -> stages by name
   for f in files:
     parent = os.path.basename(os.path.dirname(f))
-    kl = '0.1' if '/forgetting/' in f else '0.03'
+    kl = '0.03' if 'rlhf_kl_main/' in f else '0.1'
     seed = int(parent[4:]) if parent.startswith('seed') else 0
     arms.setdefault(kl, {})[seed] = {s['name']: s for s in _load(f)['stages']}
   seeds, void, parts = [], [], []

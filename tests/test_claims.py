@@ -288,7 +288,8 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   assert 'post_hoc' not in rules['27_judge_hybrid']
   assert 'post_hoc' not in rules['28_if_hurts_hybrid']
   assert 'post_hoc' not in rules['29_stage_order_hybrid']
-  assert list(rules)[-21:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert 'post_hoc' not in rules['30_rlhf_kl_main_hybrid']
+  assert list(rules)[-22:] == ['9_if_rl_reward', '10_mopd_recovers',
                                '11_long_context_mix', '12_stage_order',
                                '13_rlhf_kl_main', '14_mopd_gap',
                                '15_own_domain_hybrid', '16_forgetting_hybrid',
@@ -298,7 +299,8 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
                                '23_mopd_gap_hybrid', '24_lc_lr_hybrid',
                                '25_lc_lr', '26_rlhf_reward_hybrid',
                                '27_judge_hybrid', '28_if_hurts_hybrid',
-                               '29_stage_order_hybrid']
+                               '29_stage_order_hybrid',
+                               '30_rlhf_kl_main_hybrid']
 
 
 # ----------------------------------------------------------- history

@@ -112,3 +112,57 @@ def test_the_hybrid_if_hurts_measure_feeds_its_rule(tmp_path):
   assert claims.verdict(rule, measured([-0.03, 0.01, 0.0],
                                        [0.33, 0.35, 0.34])[1]) == \
       'RLHF recovers; IF-RL does not hurt here'
+
+
+def test_the_kl_main_measure_feeds_the_hybrid_rule(tmp_path):
+  """Rule 30: the hybrid main job at KL 0.03 against rule 29's default arm."""
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['30_rlhf_kl_main_hybrid']
+  assert 'post_hoc' not in rule and rule['measure'] == 'kl_main'
+
+  def stages(pref: list[int], last: list[int]) -> list[dict]:
+    def scores(p):
+      return dict(preference=dict(
+          pass_rate=sum(p) / len(p), pass_se=0.05,
+          prompt_pass={str(i): v for i, v in enumerate(p)}))
+    same = scores([1, 0, 0, 0])
+    return [dict(name=n, scores=same)
+            for n in ('sft', 'if_rl', 'multi_domain_rl')] + [
+                dict(name='rlhf', scores=scores(pref)),
+                dict(name='swe_agent_rl', scores=scores(last))]
+
+  # Eight prompts. Seed 0: 0.03 ahead after rlhf, the last stage level;
+  # seed 1: behind after rlhf; seed 2: ahead, but the last stage six prompts
+  # lower (beyond 2 paired SE).
+  eight = [1, 1, 1, 1, 1, 1, 0, 0]
+  arms = {'0.1': [(eight, eight)] * 3,
+          '0.03': [([1] * 8, eight), ([1, 1, 0, 0, 0, 0, 0, 0], eight),
+                   ([1] * 8, [0] * 8)]}
+  files = []
+  for kl, runs in arms.items():
+    for s, (pref, last) in enumerate(runs):
+      d = ('hybrid_rlhf_kl_main' if kl == '0.03'
+           else 'hybrid_stage_order/default')
+      path = tmp_path / 'claims_x' / d / f'seed{s}' / 'report.json'
+      path.parent.mkdir(parents=True)
+      path.write_text(json.dumps(dict(stages=stages(pref, last))))
+      files.append(str(path))
+  text, m = status.MEASURES['kl_main'](files)
+  assert [(x['a'], x['b']) for x in m['seeds']] == [
+      (True, True), (False, True), (True, False)], text
+  assert 'seed 2: pref after rlhf +0.250' in text, text
+  assert claims.verdict(rule, m) == '0.1 stays (both parts in 1 of 3 seeds)'
+  # Seed 1 level after rlhf: both parts in 2 seeds.
+  doc = json.loads(open(files[4]).read())
+  doc['stages'][3] = stages(eight, eight)[3]
+  open(files[4], 'w').write(json.dumps(doc))
+  _, m = status.MEASURES['kl_main'](files)
+  assert claims.verdict(rule, m) == '0.03 becomes the default'
+  # Two seeds only: open; a run that differs before RLHF: void.
+  assert claims.verdict(rule, status.MEASURES['kl_main'](
+      files[:2] + files[3:5])[1]) == 'open (2 of 3 seeds)'
+  doc['stages'][0] = dict(name='sft', scores=stages([0] * 4, eight)[3][
+      'scores'])
+  open(files[4], 'w').write(json.dumps(doc))
+  _, m = status.MEASURES['kl_main'](files)
+  assert claims.verdict(rule, m).startswith('void (seed 1: the runs differ')
