@@ -8,7 +8,7 @@ from flax import nnx
 
 from cascade_jax import model
 from cascade_jax import rollout
-from cascade_jax import sharding
+import _mesh_helpers  # pylint: disable=g-import-not-at-top
 
 STOP = (3, 5, 7, 9)   # rows end at many lengths
 NEW = 12
@@ -122,11 +122,92 @@ def test_continuous_batching_refuses_bad_input():
                      key=jax.random.split(jax.random.key(0), 2))
   with pytest.raises(ValueError, match='slots must be'):
     rollout.generate_continuous(m, prompts, cfg=sc, stop_ids=STOP, slots=0)
-  mesh = sharding.make_mesh(dict(fsdp=2), devices=jax.devices()[:2])
-  sharded = model.Transformer(m.cfg, rngs=nnx.Rngs(0),
-                              ctx=sharding.ShardingCtx(mesh))
-  with pytest.raises(ValueError, match='sharded over a mesh'):
-    rollout.generate_continuous(sharded, prompts, cfg=sc, stop_ids=STOP,
-                                slots=2)
   assert jnp.ndim(rollout.row_keys(jax.random.split(jax.random.key(0), 3),
                                    2)) == 1
+
+
+# Not the main job's path (rl.sample_slots=0): slow; CI runs them.
+@pytest.mark.slow
+def test_continuous_batching_on_a_mesh_in_the_inference_layout():
+  # The RL sampler on a pod: the weight sync's copy on an fsdp x expert
+  # mesh (MoE layers decode through the mesh dispatch). 21 prompts through
+  # 6 slots (rounded up to the 8 devices the rows split over), refilled one
+  # row at a time (each prefill one row a device): every row is the
+  # single-device sampler's for the same key, routing included.
+  cfg = model.tiny(vocab_size=48, pattern='*E*E', moe=model.MoEConfig(
+      num_experts=8, top_k=2, expert_dim=16, dispatch='capacity',
+      capacity_factor=4.0, score_fn='sigmoid', num_shared_experts=1,
+      shared_expert_dim=8))
+  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  sm = _mesh_helpers.inference_layout_sampler(m, dict(fsdp=2, expert=4))
+  assert sm.ctx.shards('batch') == 8
+  prompts = _prompts(21)
+  sc = rollout.SampleConfig(max_new_tokens=NEW, prompt_bucket=8,
+                            temperature=1.0)
+  keys = jax.random.split(jax.random.key(3), len(prompts))
+  ref = rollout.generate(m, prompts, cfg=sc, stop_ids=STOP, key=keys,
+                         record_experts=True)
+  stats = {}
+  out = rollout.generate_continuous(sm, prompts, cfg=sc, stop_ids=STOP,
+                                    slots=6, keys=keys, record_experts=True,
+                                    stats=stats, refill=1)
+  _assert_same_samples(ref, out, prompts)
+  assert stats['refills'] > 2, stats
+  assert len(set(np.asarray(ref.mask.sum(1)).tolist())) > 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mesh', [dict(data=8),
+                                  dict(data=2, expert=2, tensor=2)])
+def test_continuous_decode_on_a_mesh_keeps_each_rows_cache_on_its_device(
+    mesh):
+  # 16 rows start split over the batch devices (8, or 4 with the KV heads
+  # over 'tensor'). In the decode loop between refills every row's KV cache
+  # stays there: no collective moves a cache row (the cache's slot axis
+  # appears in none; the loop exchanges tokens' routing, per-row scalars and
+  # the tensor axis' partial sums). A refill of 8 rows moves those rows'
+  # fresh caches to their devices, never the 16.
+  import re  # pylint: disable=g-import-not-at-top
+  from cascade_jax.rollout import _continuous  # pylint: disable=g-import-not-at-top
+  cfg = model.tiny(vocab_size=48, pattern='*E*E')
+  sm = _mesh_helpers.inference_layout_sampler(
+      model.Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
+  graph, state = nnx.split(sm)
+  b, k, p, n, r = 16, 8, 8, NEW, 21
+  per_device = b // sm.ctx.shards('batch')
+  rows = _continuous._new_rows(sm.ctx, cfg, b, p, n, False, 0)  # pylint: disable=protected-access
+  slots = rows.cache.max_len
+  assert all(x.sharding.shard_shape(x.shape)[0] == per_device
+             for x in jax.tree.leaves(rows) if x.size > 1), rows
+  sc = rollout.SampleConfig(max_new_tokens=n, temperature=1.0)
+  layouts = _continuous._layouts(graph, state, b)  # pylint: disable=protected-access
+
+  def moved(compiled):
+    """The shapes every collective of a compiled program moves."""
+    return [tuple(int(x) for x in d.split(',') if x) for d in re.findall(
+        r'= \w+\[([\d,]*)\][^ ]* (?:all-gather|all-to-all|collective-permute'
+        r'|all-reduce|reduce-scatter)', compiled.as_text())]
+
+  step = _continuous._decode_until.lower(  # pylint: disable=protected-access
+      graph, state, layouts, rows, jnp.asarray(1), cfg=sc,
+      stop_ids=STOP).compile()
+  shapes = moved(step)
+  assert shapes and not [d for d in shapes if slots in d], shapes
+  for x, y in zip(jax.tree.leaves(rows.cache),
+                  jax.tree.leaves(step.output_shardings[0].cache)):
+    assert y.shard_shape(x.shape)[0] == per_device, y
+  out = _continuous._Out(  # pylint: disable=protected-access
+      toks=jnp.zeros((r, n), jnp.int32), lps=jnp.zeros((r, n)),
+      kept=jnp.zeros((r, n), jnp.int32),
+      experts=jnp.zeros((r, p + n, 0, 0), jnp.int32))
+  rows_k = jnp.arange(k, dtype=jnp.int32)
+  insert = _continuous._insert.lower(  # pylint: disable=protected-access
+      graph, state, layouts, rows, out, jnp.zeros((r, p), jnp.int32),
+      jnp.ones((r,), jnp.int32), jax.random.split(jax.random.key(0), r),
+      rows_k, 2 * rows_k, rows_k, cfg=sc, stop_ids=STOP, pad_id=0,
+      record_experts=False).compile()
+  cache_moves = [d for d in moved(insert) if slots in d]
+  assert cache_moves and max(d[0] for d in cache_moves) == k, cache_moves
+  for x, y in zip(jax.tree.leaves(rows.cache),
+                  jax.tree.leaves(insert.output_shardings[0].cache)):
+    assert y.shard_shape(x.shape)[0] == per_device, y

@@ -14,6 +14,8 @@ from cascade_jax import rl
 from cascade_jax import rollout
 from cascade_jax import train
 
+import _mesh_helpers  # pylint: disable=g-import-not-at-top
+
 
 @pytest.fixture(scope='module')
 def setup():
@@ -244,6 +246,35 @@ def test_continuous_episodes_equal_the_fixed_batch_with_the_same_keys(
   # Each step samples for more than one row on average, fewer than all 4
   # (rows wait for their environments between turns).
   assert 1 < stats['tokens_per_step'] <= 4, stats
+  _assert_same_episodes(slots, fixed)
+
+
+@pytest.mark.slow  # not the main job's path; CI runs it
+def test_continuous_episodes_on_a_mesh_in_the_inference_layout(setup):
+  # The RL sampler on a pod (the weight sync's copy on an fsdp x expert
+  # mesh, MoE layers through the mesh dispatch): 16 episodes through 6
+  # rows, rounded up to the 8 devices the rows split over; every episode
+  # is the single-device fixed batch's with the same keys.
+  tok, recs = setup
+  cfg = model.tiny(vocab_size=tok.vocab_size, pattern='*E*E',
+                   moe=model.MoEConfig(num_experts=8, top_k=2, expert_dim=16,
+                                       dispatch='capacity',
+                                       capacity_factor=4.0,
+                                       score_fn='sigmoid',
+                                       num_shared_experts=1,
+                                       shared_expert_dim=8))
+  m = stopping_policy(tok, cfg=cfg)
+  sm = _mesh_helpers.inference_layout_sampler(m, dict(fsdp=2, expert=4))
+  keys = jax.random.split(jax.random.key(5), 2 * len(recs))
+  fixed = rollout.run_episodes(m, tok, recs * 2, cfg=EC, sample=T1,
+                               keys=keys, record_experts=True)
+  stats = {}
+  slots = rollout.run_episodes(sm, tok, recs * 2, cfg=EC, sample=T1,
+                               keys=keys, record_experts=True, slots=6,
+                               stats=stats)
+  turns = [e.turns for e in fixed]
+  assert min(turns) == 1 and max(turns) >= 3, turns
+  assert stats['slots'] == 8 and stats['places'] > 1, stats
   _assert_same_episodes(slots, fixed)
 
 

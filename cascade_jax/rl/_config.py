@@ -133,7 +133,8 @@ class RLConfig:
   # ('1' or '2,3'; '': any).
   rollout_worker: str = 'inline'
   rollout_cpus: str = ''
-  # Continuous batching (`rollout.generate_continuous`, one device): a
+  # Continuous batching (`rollout.generate_continuous`; on a mesh the rows
+  # split over the batch axes, rounded up to a multiple of them): a
   # single-turn step's rollouts decode `sample_slots` rows at a time, a
   # row whose reply ends taking the next waiting prompt, each rollout with
   # a key of its own (`rollout.row_keys`: its tokens do not depend on the
@@ -141,12 +142,13 @@ class RLConfig:
   # until the longest reply ends. Episode stages: `episode_slots`.
   sample_slots: int = 0
   # Continuous batching of a step's episodes (`run_episodes(slots=...)`,
-  # one device): `episode_slots` episodes play at a time, each row on its
-  # own turn (a reply that ends steps its environment and takes its
-  # observation while the other rows sample), a finished episode's row
-  # taking the next waiting one; an episode a key (`rollout.turn_keys`).
-  # 0: the step's episodes in one fixed batch, each turn until its longest
-  # reply ends, the batch until its longest episode ends.
+  # on a mesh as `sample_slots`): `episode_slots` episodes play at a time,
+  # each row on its own turn (a reply that ends steps its environment and
+  # takes its observation while the other rows sample), a finished
+  # episode's row taking the next waiting one; an episode a key
+  # (`rollout.turn_keys`). 0: the step's episodes in one fixed batch, each
+  # turn until its longest reply ends, the batch until its longest episode
+  # ends.
   episode_slots: int = 0
 
   def episode_config(self, domain_names: Sequence[str]

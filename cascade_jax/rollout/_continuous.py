@@ -34,6 +34,7 @@ from flax import nnx
 
 from cascade_jax import model as model_lib
 from cascade_jax import ops
+from cascade_jax import sharding
 from cascade_jax.rollout import _decode
 from cascade_jax.rollout import _sampler
 
@@ -82,11 +83,11 @@ def _layouts(graph, state, b):
   return _decode.model_decode_weights(nnx.merge(graph, state), b)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 6, 7))
-def _empty_rows(cfg, b, p, n, slots, key, record, pad_id) -> _Rows:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 7, 8))
+def _empty_rows(ctx, cfg, b, p, n, slots, key, record, pad_id) -> _Rows:
   cache = model_lib.init_cache(cfg, b, slots)
   cache = dataclasses.replace(cache, index=jnp.zeros((b,), jnp.int32))
-  return _Rows(cache=cache, req=jnp.full((b,), -1, jnp.int32),
+  return sharding.constrain_rows(ctx, _Rows(cache=cache, req=jnp.full((b,), -1, jnp.int32),
                keys=jax.random.split(key, b), lens=jnp.ones((b,), jnp.int32),
                t=jnp.zeros((b,), jnp.int32),
                tok=jnp.full((b,), pad_id, jnp.int32),
@@ -95,7 +96,14 @@ def _empty_rows(cfg, b, p, n, slots, key, record, pad_id) -> _Rows:
                kept=jnp.zeros((b, n), jnp.int32),
                experts=jnp.zeros((b, p + n) + _moe_shape(cfg, record),
                                  jnp.int32),
-               done=jnp.ones((b,), bool))
+               done=jnp.ones((b,), bool)))
+
+
+def _new_rows(ctx, cfg, b, p, n, record, pad_id) -> _Rows:
+  """B empty rows for prompts of width p and n new tokens, on a mesh (`ctx`)
+  split over its batch axes: each device holds its rows' cache."""
+  return _empty_rows(ctx, cfg, b, p, n, ops.cache_slots(p + n),
+                     jax.random.key(0), record, pad_id)
 
 
 def put_rows(cache: model_lib.KVCache, new: model_lib.KVCache, which_k,
@@ -152,7 +160,7 @@ def _insert(graph, state, layouts, rows: _Rows, out: _Out, prompts_rp, lens_r,
       kept=put(rows.kept, first(n_kept, model.cfg.vocab_size, jnp.int32)),
       experts=put(rows.experts, experts),
       done=put(rows.done, _sampler.is_stop(tok, stop_ids) | (n <= 1)))
-  return rows, out
+  return sharding.constrain_rows(model.ctx, rows), out
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids'),
@@ -196,22 +204,25 @@ def _decode_until(graph, state, layouts, rows: _Rows, wanted, *, cfg,
                                        _sampler.row_keys(r.keys, r.t), cfg)
     at = jnp.where(live, r.t, n)                           # n: dropped
     t = r.t + live
-    return _Rows(
+    rows = _Rows(
         cache=cache, req=r.req, keys=r.keys, lens=r.lens, t=t,
         tok=jnp.where(live, tok, r.tok),
         toks=r.toks.at[bi, at].set(tok, mode='drop'),
         lps=r.lps.at[bi, at].set(lp, mode='drop'),
         kept=r.kept.at[bi, at].set(n_kept, mode='drop'),
         experts=experts,
-        done=r.done | (live & (_sampler.is_stop(tok, stop_ids) | (t >= n)))
-    ), steps + 1
+        done=r.done | (live & (_sampler.is_stop(tok, stop_ids) | (t >= n))))
+    # On a mesh each device keeps its rows' cache from step to step.
+    return sharding.constrain_rows(model.ctx, rows), steps + 1
 
   return jax.lax.while_loop(cond, body, (rows, jnp.zeros((), jnp.int32)))
 
 
-def _bucket(k: int, b: int) -> int:
-  """The insert batch for k prompts: the next power of two, at most b."""
-  return min(1 << max(k - 1, 0).bit_length(), b)
+def _bucket(k: int, b: int, shards: int = 1) -> int:
+  """The insert batch for k prompts: the next power of two, rounded up to a
+  multiple of `shards` (the devices the batch is split over: fewer rows
+  than that would prefill on every device), at most b."""
+  return min(-(-(1 << max(k - 1, 0).bit_length()) // shards) * shards, b)
 
 
 def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
@@ -225,8 +236,10 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   """Samples one continuation per prompt, `slots` rows at a time, refilled as rows end.
 
   Args:
-    model: a `Transformer` (not sharded: continuous batching runs on one
-      device).
+    model: a `Transformer`, on one device or sharded over a mesh (the
+      rows then split over the 'batch' rule's axes, each device keeping its
+      rows' cache; `slots` rounded up to a multiple of those devices, and
+      each prefill at least one row a device).
     prompts: R token lists, any R (more than `slots` is the point).
     cfg, stop_ids, pad_id, record_experts: as `generate`.
     slots: rows decoded together.
@@ -243,11 +256,11 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
     A `Rollout` of R rows in the order of `prompts`, equal to `generate`'s
     with the same per-row keys.
   """
-  if getattr(model, 'ctx', None) is not None:
-    raise ValueError('generate_continuous: the model is sharded over a mesh; '
-                     'continuous batching runs on one device (use generate)')
   if slots < 1:
     raise ValueError(f'generate_continuous: slots must be >= 1, got {slots}')
+  ctx = getattr(model, 'ctx', None)
+  shards = 1 if ctx is None else ctx.shards('batch')
+  slots = -(-slots // shards) * shards
   r = len(prompts)
   tokens_rp, lengths_r = _sampler.pad_prompts(prompts, cfg.prompt_bucket,
                                               pad_id, width=prompt_width)
@@ -263,8 +276,7 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   b, n = slots, cfg.max_new_tokens
   mcfg = model.cfg
   layouts = _layouts(graph, state, b)
-  rows = _empty_rows(mcfg, b, p, n, ops.cache_slots(p + n), jax.random.key(0),
-                     record_experts, pad_id)
+  rows = _new_rows(ctx, mcfg, b, p, n, record_experts, pad_id)
   moe = _moe_shape(mcfg, record_experts)
   out = _Out(toks=jnp.full((r, n), pad_id, jnp.int32),
              lps=jnp.zeros((r, n), jnp.float32),
@@ -277,7 +289,7 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   while True:
     if waiting and done.any():
       free = np.flatnonzero(done)[:len(waiting)]
-      k = _bucket(len(free), b)
+      k = _bucket(len(free), b, shards)
       idx = np.asarray([waiting.popleft() for _ in free])
       pad = k - len(free)
       which = np.concatenate([free, np.full((pad,), b)]).astype(np.int32)

@@ -41,6 +41,7 @@ from flax import nnx
 
 from cascade_jax import model as model_lib
 from cascade_jax import ops
+from cascade_jax import sharding
 from cascade_jax.rollout import _continuous
 from cascade_jax.rollout import _decode
 from cascade_jax.rollout import _episodes
@@ -65,19 +66,19 @@ class _Rows:
   experts: jax.Array           # [B, N, L_moe, k]: token t's experts (fed ones)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5))
-def _empty(mcfg, b, slots, n, moe, pad_id) -> _Rows:
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6))
+def _empty(ctx, mcfg, b, slots, n, moe, pad_id) -> _Rows:
   cache = model_lib.init_cache(mcfg, b, slots)
   cache = dataclasses.replace(cache, index=jnp.zeros((b,), jnp.int32))
   zeros = lambda dt: jnp.zeros((b,), dt)
-  return _Rows(cache=cache,
-               logits=jnp.zeros((b, mcfg.vocab_size), jnp.float32),
-               pos=zeros(jnp.int32), keys=jax.random.split(jax.random.key(0), b),
-               t=zeros(jnp.int32), tok=jnp.full((b,), pad_id, jnp.int32),
-               live=zeros(bool), toks=jnp.full((b, n), pad_id, jnp.int32),
-               lps=jnp.zeros((b, n), jnp.float32),
-               kept=jnp.full((b, n), mcfg.vocab_size, jnp.int32),
-               experts=jnp.zeros((b, n) + moe, jnp.int32))
+  return sharding.constrain_rows(ctx, _Rows(
+      cache=cache, logits=jnp.zeros((b, mcfg.vocab_size), jnp.float32),
+      pos=zeros(jnp.int32), keys=jax.random.split(jax.random.key(0), b),
+      t=zeros(jnp.int32), tok=jnp.full((b,), pad_id, jnp.int32),
+      live=zeros(bool), toks=jnp.full((b, n), pad_id, jnp.int32),
+      lps=jnp.zeros((b, n), jnp.float32),
+      kept=jnp.full((b, n), mcfg.vocab_size, jnp.int32),
+      experts=jnp.zeros((b, n) + moe, jnp.int32)))
 
 
 def _begin(rows: _Rows, start, keys, pos=None) -> _Rows:
@@ -88,24 +89,27 @@ def _begin(rows: _Rows, start, keys, pos=None) -> _Rows:
       pos=rows.pos if pos is None else jnp.where(start, pos, rows.pos))
 
 
-@functools.partial(jax.jit, donate_argnames=('rows',))
-def _place(rows: _Rows, cache, logits, which_k, index_k, pos_k, keys_k
-           ) -> _Rows:
+@functools.partial(jax.jit, static_argnames=('ctx',), donate_argnames=('rows',))
+def _place(rows: _Rows, cache, logits, which_k, index_k, pos_k, keys_k, *,
+           ctx) -> _Rows:
   """Writes k rows' `cache` and `logits` into rows `which_k` (B: padding,
   dropped) at write index `index_k` and position `pos_k`; their turn
-  begins with `keys_k`."""
+  begins with `keys_k`. On a mesh (`ctx`) the rows stay split over it."""
   put = lambda x, y: x.at[which_k].set(y.astype(x.dtype), mode='drop')
   new = _continuous.put_rows(rows.cache, cache, which_k, index_k)
   b = rows.t.shape[0]
   start = jnp.zeros((b,), bool).at[which_k].set(True, mode='drop')
   rows = dataclasses.replace(rows, cache=new, logits=put(rows.logits, logits))
-  return _begin(rows, start, put(rows.keys, keys_k), put(rows.pos, pos_k))
+  return sharding.constrain_rows(
+      ctx, _begin(rows, start, put(rows.keys, keys_k), put(rows.pos, pos_k)))
 
 
-@jax.jit
-def _gather(rows: _Rows, idx_k):
-  """Rows `idx_k`' cache and logits, a batch of their own."""
-  return jax.tree.map(lambda x: x[idx_k], (rows.cache, rows.logits))
+@functools.partial(jax.jit, static_argnames=('ctx',))
+def _gather(rows: _Rows, idx_k, *, ctx):
+  """Rows `idx_k`' cache and logits, a batch of their own (split over the
+  mesh of `ctx`, if any)."""
+  return sharding.constrain_rows(
+      ctx, jax.tree.map(lambda x: x[idx_k], (rows.cache, rows.logits)))
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids'),
@@ -147,14 +151,15 @@ def _decode_turns(graph, state, layouts, rows: _Rows, wanted, *, cfg,
                                        cfg)
     at = jnp.where(r.live, r.t, n)                         # n: dropped
     t = r.t + r.live
-    return dataclasses.replace(
+    # On a mesh each device keeps its rows' cache from step to step.
+    return sharding.constrain_rows(model.ctx, dataclasses.replace(
         r, cache=cache, logits=logits, pos=r.pos + feed, t=t,
         tok=jnp.where(r.live, tok, r.tok),
         toks=r.toks.at[bi, at].set(tok, mode='drop'),
         lps=r.lps.at[bi, at].set(lp, mode='drop'),
         kept=r.kept.at[bi, at].set(n_kept, mode='drop'),
         experts=experts,
-        live=r.live & ~(_sampler.is_stop(tok, stop_ids) | (t >= n))
+        live=r.live & ~(_sampler.is_stop(tok, stop_ids) | (t >= n)))
     ), steps + 1
 
   return jax.lax.while_loop(cond, body, (rows, jnp.zeros((), jnp.int32)))
@@ -165,10 +170,9 @@ class _Engine:
 
   def __init__(self, model, *, b, width, slots, sample, stop_ids, pad_id,
                record_experts):
-    if getattr(model, 'ctx', None) is not None:
-      raise ValueError('run_episodes(slots=...): the model is sharded over a '
-                       'mesh; continuous batching runs on one device')
     self.model, self.b, self.width, self.pad_id = model, b, width, pad_id
+    self.ctx = getattr(model, 'ctx', None)
+    self.shards = 1 if self.ctx is None else self.ctx.shards('batch')
     self.graph, self.state = nnx.split(model)
     self.static = dict(cfg=sample, stop_ids=_sampler.stop_tuple(stop_ids))
     self.slots = slots
@@ -178,12 +182,13 @@ class _Engine:
     self.record = bool(moe[0])
     self.mamba = model_lib.MAMBA in mcfg.pattern
     self.layouts = _continuous._layouts(self.graph, self.state, b)  # pylint: disable=protected-access
-    self.rows = _empty(mcfg, b, slots, sample.max_new_tokens, moe, pad_id)
+    self.rows = _empty(self.ctx, mcfg, b, slots, sample.max_new_tokens, moe,
+                       pad_id)
 
   def _block(self, blocks: list, w: int, starts: list[int]):
     """Left-padded [k, w] tokens, validity and positions (k: the bucket of
     len(blocks); padding rows empty)."""
-    k = _continuous._bucket(len(blocks), self.b)  # pylint: disable=protected-access
+    k = _continuous._bucket(len(blocks), self.b, self.shards)  # pylint: disable=protected-access
     toks = np.full((k, w), self.pad_id, np.int32)
     valid = np.zeros((k, w), bool)
     pos = np.zeros((k, w), np.int32)
@@ -218,7 +223,7 @@ class _Engine:
     self.rows = _place(self.rows, cache, logits, jnp.asarray(put),
                        jnp.full((k,), w, jnp.int32),
                        jnp.asarray(valid.sum(1), jnp.int32),
-                       self._keys(keys, k))
+                       self._keys(keys, k), ctx=self.ctx)
     return np.asarray(experts) if self.record else None
 
   def feed(self, which: np.ndarray, blocks: list, keys: jax.Array):
@@ -232,7 +237,7 @@ class _Engine:
     toks, valid, pos = self._block(blocks, w, list(here[which]))
     k = toks.shape[0]
     take, put = self._rows(which, k)
-    cache, logits = _gather(self.rows, jnp.asarray(take))
+    cache, logits = _gather(self.rows, jnp.asarray(take), ctx=self.ctx)
     feed = _turns._feed_steps if self.mamba else _turns._feed  # pylint: disable=protected-access
     out = []
     for c in range(0, w, bucket):
@@ -244,7 +249,7 @@ class _Engine:
     self.rows = _place(self.rows, cache, logits, jnp.asarray(put),
                        cache.index,
                        jnp.asarray(here[take] + valid.sum(1), jnp.int32),
-                       self._keys(keys, k))
+                       self._keys(keys, k), ctx=self.ctx)
     if not self.record:
       return None
     return np.concatenate([np.asarray(e) for e in out], 1)
@@ -263,7 +268,10 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
   if slots < 1:
     raise ValueError(f'run_episodes: slots must be >= 1, got {slots}')
   r = len(eps)
-  b = min(slots, r)
+  # On a mesh, a multiple of the devices the rows are split over.
+  ctx = getattr(model, 'ctx', None)
+  shards = 1 if ctx is None else ctx.shards('batch')
+  b = -(-min(slots, r) // shards) * shards
   width = max(max(len(e.tokens) for e in eps), prompt_width)
   refill = max(1, b // 8) if refill is None else max(1, int(refill))
   engine = _Engine(model, b=b, width=width, sample=sample,

@@ -216,8 +216,8 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
   `keys`: one key an episode ([R]); its turn j's token t is drawn with
   `row_keys(turn_keys(keys, j), t)`, whatever runs beside it. Without it,
   each turn's batch draws from one key split from `key`.
-  `slots` > 0: continuous batching (one device): `slots` episodes play
-  at a time, a finished episode's row taking the next waiting one, each
+  `slots` > 0: continuous batching: `slots` episodes play at a time (on
+  a mesh, rounded up to a multiple of the devices the rows split over), a finished episode's row taking the next waiting one, each
   row on its own turn (`_episode_slots`; `refill` is its); every episode
   equals the fixed batch's with the same `keys` (tokens; log-probs within
   float error). `stats`: gets `steps` (decode steps), `row_steps` (tokens

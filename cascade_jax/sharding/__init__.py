@@ -1,6 +1,7 @@
 """Logical axes, sharding rules and meshes: the public sharding API."""
 
 from cascade_jax.sharding._params import abstract_state
+from cascade_jax.sharding._params import constrain_rows
 from cascade_jax.sharding._params import logical_axes_of
 from cascade_jax.sharding._params import pad_rows
 from cascade_jax.sharding._params import put

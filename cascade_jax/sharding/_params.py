@@ -6,6 +6,7 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cascade_jax.sharding._rules import ShardingCtx
 
@@ -95,6 +96,28 @@ def pad_rows(tree, multiple: int):
   xp = lambda x: jax.numpy if isinstance(x, jax.Array) else np
   return jax.tree.map(lambda x: xp(x).concatenate(
       [x, xp(x).repeat(x[-1:], pad, axis=0)]), tree), rows
+
+
+def constrain_rows(ctx: ShardingCtx | None, tree):
+  """In a jitted function: `tree` with every leaf's rows (axis 0) split over
+  the 'batch' rule's mesh axes, its other axes left to the compiler (a KV
+  cache's heads follow the attention's split over 'tensor'); unchanged
+  without a mesh. It pins a sampler's per-row state (KV cache, tokens,
+  keys) to the devices that decode those rows. A row count the axes do not
+  divide stays replicated."""
+  if ctx is None:
+    return tree
+  axes = ctx.mesh_axes('batch')
+  shards = ctx.shards('batch')
+
+  def pin(x):
+    if not x.ndim:
+      return x
+    rows = (None if not axes or x.shape[0] % shards else
+            axes[0] if len(axes) == 1 else axes)
+    spec = P(rows, *[P.UNCONSTRAINED] * (x.ndim - 1))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(ctx.mesh, spec))
+  return jax.tree.map(pin, tree)
 
 
 def abstract_state(ctx: ShardingCtx | None, state: nnx.State) -> nnx.State:
