@@ -19,3 +19,16 @@ def inference_layout_sampler(m, mesh):
   graph, state = train.init_state(sharding.shard_model(learner, ctx),
                                   optax.adam(1e-3))
   return rl.SamplerWeights(graph, 'float32', ctx=ctx).model(state)
+
+
+def tiny_moe(vocab_size: int) -> model.ModelConfig:
+  """`tiny` with the main job's MoE (capacity dispatch, sigmoid router,
+  shared expert) and 8 experts, to split over an expert axis; a capacity
+  of every token (factor E / k): nothing dropped on any mesh."""
+  return model.tiny(vocab_size=vocab_size, pattern='*E*E',
+                    moe=model.MoEConfig(num_experts=8, top_k=2,
+                                        expert_dim=16, dispatch='capacity',
+                                        capacity_factor=4.0,
+                                        score_fn='sigmoid',
+                                        num_shared_experts=1,
+                                        shared_expert_dim=8))

@@ -134,11 +134,7 @@ def test_continuous_batching_on_a_mesh_in_the_inference_layout():
   # 6 slots (rounded up to the 8 devices the rows split over), refilled one
   # row at a time (each prefill one row a device): every row is the
   # single-device sampler's for the same key, routing included.
-  cfg = model.tiny(vocab_size=48, pattern='*E*E', moe=model.MoEConfig(
-      num_experts=8, top_k=2, expert_dim=16, dispatch='capacity',
-      capacity_factor=4.0, score_fn='sigmoid', num_shared_experts=1,
-      shared_expert_dim=8))
-  m = model.Transformer(cfg, rngs=nnx.Rngs(0))
+  m = model.Transformer(_mesh_helpers.tiny_moe(48), rngs=nnx.Rngs(0))
   sm = _mesh_helpers.inference_layout_sampler(m, dict(fsdp=2, expert=4))
   assert sm.ctx.shards('batch') == 8
   prompts = _prompts(21)

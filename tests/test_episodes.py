@@ -231,22 +231,30 @@ def test_continuous_episodes_equal_the_fixed_batch_with_the_same_keys(
   # episode is the fixed batch's for the same per-episode keys: tokens,
   # transcript, routing of every token, outcome; log-probs within 1e-5.
   tok, recs = setup
-  cfg = getattr(model, preset)(vocab_size=tok.vocab_size)
-  m = stopping_policy(tok, cfg=cfg)
-  keys = jax.random.split(jax.random.key(5), 2 * len(recs))
-  fixed = rollout.run_episodes(m, tok, recs * 2, cfg=EC, sample=T1,
-                               keys=keys, record_experts=True)
-  stats = {}
-  slots = rollout.run_episodes(m, tok, recs * 2, cfg=EC, sample=T1,
-                               keys=keys, record_experts=True, slots=4,
-                               stats=stats)
-  turns = [e.turns for e in fixed]
-  assert min(turns) == 1 and max(turns) >= 3, turns
-  assert stats['slots'] == 4 and stats['places'] > 1, stats
+  m = stopping_policy(tok, cfg=getattr(model, preset)(
+      vocab_size=tok.vocab_size))
+  stats = _slots_equal_the_fixed_batch(tok, recs * 2, m, m, slots=4)
+  assert stats['slots'] == 4, stats
   # Each step samples for more than one row on average, fewer than all 4
   # (rows wait for their environments between turns).
   assert 1 < stats['tokens_per_step'] <= 4, stats
-  _assert_same_episodes(slots, fixed)
+
+
+def _slots_equal_the_fixed_batch(tok, recs, m, sampler, slots):
+  """`recs` played `slots` rows at a time by `sampler` against the fixed
+  batch of `m` (the same weights), a key an episode; the slots' stats."""
+  keys = jax.random.split(jax.random.key(5), len(recs))
+  fixed = rollout.run_episodes(m, tok, recs, cfg=EC, sample=T1, keys=keys,
+                               record_experts=True)
+  stats = {}
+  played = rollout.run_episodes(sampler, tok, recs, cfg=EC, sample=T1,
+                                keys=keys, record_experts=True, slots=slots,
+                                stats=stats)
+  turns = [e.turns for e in fixed]
+  assert min(turns) == 1 and max(turns) >= 3, turns
+  assert stats['places'] > 1, stats                # rows were refilled
+  _assert_same_episodes(played, fixed)
+  return stats
 
 
 @pytest.mark.slow  # not the main job's path; CI runs it
@@ -256,26 +264,10 @@ def test_continuous_episodes_on_a_mesh_in_the_inference_layout(setup):
   # rows, rounded up to the 8 devices the rows split over; every episode
   # is the single-device fixed batch's with the same keys.
   tok, recs = setup
-  cfg = model.tiny(vocab_size=tok.vocab_size, pattern='*E*E',
-                   moe=model.MoEConfig(num_experts=8, top_k=2, expert_dim=16,
-                                       dispatch='capacity',
-                                       capacity_factor=4.0,
-                                       score_fn='sigmoid',
-                                       num_shared_experts=1,
-                                       shared_expert_dim=8))
-  m = stopping_policy(tok, cfg=cfg)
+  m = stopping_policy(tok, cfg=_mesh_helpers.tiny_moe(tok.vocab_size))
   sm = _mesh_helpers.inference_layout_sampler(m, dict(fsdp=2, expert=4))
-  keys = jax.random.split(jax.random.key(5), 2 * len(recs))
-  fixed = rollout.run_episodes(m, tok, recs * 2, cfg=EC, sample=T1,
-                               keys=keys, record_experts=True)
-  stats = {}
-  slots = rollout.run_episodes(sm, tok, recs * 2, cfg=EC, sample=T1,
-                               keys=keys, record_experts=True, slots=6,
-                               stats=stats)
-  turns = [e.turns for e in fixed]
-  assert min(turns) == 1 and max(turns) >= 3, turns
-  assert stats['slots'] == 8 and stats['places'] > 1, stats
-  _assert_same_episodes(slots, fixed)
+  stats = _slots_equal_the_fixed_batch(tok, recs * 2, m, sm, slots=6)
+  assert stats['slots'] == 8, stats
 
 
 def test_continuous_episodes_refuse_bad_input(setup):
