@@ -207,6 +207,34 @@ def verdict_order_ahead(rule: dict, m: dict) -> str:
   return 'not shown at this scale'
 
 
+def verdict_adopt_if_ahead(rule: dict, m: dict) -> str:
+  """A setting against the default (m['diffs'][arm]: per seed, the
+  default's macro mean minus the arm's, with its paired SE;
+  m['per_domain'][arm][domain]: the same per domain): the arm is adopted if
+  it is ahead beyond threshold x SE in rule['in_seeds'] or more seeds and
+  no domain ends lower in it that far in as many seeds; the default stays
+  otherwise ('no' if the default is ahead that far)."""
+  if m.get('void'):
+    return f"void ({m['void']})"
+  k, t = rule['in_seeds'], rule['threshold']
+  arm = next(a for a in rule['arms'] if a != rule['default'])
+  diffs = m['diffs'].get(arm, [])
+  if len(diffs) < rule['seeds']:
+    return f"open ({len(diffs)} of {rule['seeds']} seeds)"
+  ahead = sum(d['diff'] < -t * d['se'] for d in diffs)
+  behind = sum(d['diff'] > t * d['se'] for d in diffs)
+  lower = sorted(dom for dom, xs in m['per_domain'].get(arm, {}).items()
+                 if sum(x['diff'] > t * x['se'] for x in xs) >= k)
+  if behind >= k:
+    return f'no: the default ahead in {behind} of {len(diffs)} seeds'
+  if ahead >= k and not lower:
+    return f'{arm} adopted (ahead in {ahead} of {len(diffs)} seeds)'
+  if ahead >= k:
+    return (f"not adopted: {arm} ahead in {ahead} of {len(diffs)} seeds "
+            f"but lower in {', '.join(lower)}")
+  return 'not shown at this scale (the default stays)'
+
+
 def verdict_both_parts_in_seeds(rule: dict, m: dict) -> str:
   """The main job at KL 0.03 against 0.1 (m['seeds']: per seed, whether
   (a) and (b) of the rule held, or m['void']): the default becomes 0.03 if

@@ -314,10 +314,12 @@ def _lc_mix(files):
   return text, dict(domains=out, own=out.get('long_context', {}))
 
 
-def _stage_order(files):
+def _stage_order(files, same_sft=True, label='default order'):
   """The stage orders (files .../stage_order/ARM/seedS/report.json): per
   seed, the default order's last stage against each other order's, the
-  macro mean over domains and per domain, paired over prompts."""
+  macro mean over domains and per domain, paired over prompts; void if an
+  arm's SFT differs from the default's (unless not `same_sft`: settings
+  that change the SFT, `_settings`)."""
   runs = {}                                  # seed -> arm -> report
   for f in files:
     seed = os.path.basename(os.path.dirname(f))
@@ -331,9 +333,12 @@ def _stage_order(files):
       continue
     sft = {a: rep['stages'][0]['scores'] for a, rep in arms.items()}
     for a in arms:
-      if any(sft[a][d].get('prompt_pass') != s['prompt_pass']
-             for d, s in sft['default'].items()):
+      if same_sft and any(sft[a][d].get('prompt_pass') != s['prompt_pass']
+                          for d, s in sft['default'].items()):
         void.append(f'{seed}: {a} starts from another SFT')
+      if any(sft[a][d].get('prompt_pass', {}).keys() != s.get(
+          'prompt_pass', {}).keys() for d, s in sft['default'].items()):
+        void.append(f'{seed}: {a} is scored on other prompts')
     ref = last(arms['default'])['scores']
     for a, rep in sorted(arms.items()):
       end = last(rep)['scores']
@@ -360,12 +365,19 @@ def _stage_order(files):
                              for x in ds)
         + (f' (default ahead by seed; domains apart beyond 2 SE in 2 or more '
            f"seeds: {', '.join(dom) if dom else 'none'})"))
-  text = ('last stage, macro mean over domains, default order minus '
+  text = (f'last stage, macro mean over domains, {label} minus '
           + '; '.join(parts) + '; mean macro pass@1: '
           + ', '.join(f'{a} {np.mean(v):.3f}' for a, v in sorted(macro.items()))
           + (f" (void: {'; '.join(void)})" if void else ''))
   return text, dict(diffs=diffs, macro=macro, per_domain=per_domain,
                     void='; '.join(void))
+
+
+def _settings(files):
+  """Settings against the default (files .../ARM/seedS/report.json, the
+  default's in a folder named default): `_stage_order`'s figures, each arm
+  from its own SFT."""
+  return _stage_order(files, same_sft=False, label='the default')
 
 
 def _kl_main(files):
@@ -443,7 +455,7 @@ MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
     lc_mix=_lc_mix, stage_order=_stage_order,
-    kl_main=_kl_main, mopd_gap=_mopd_gap,
+    kl_main=_kl_main, mopd_gap=_mopd_gap, settings=_settings,
     own_domain_seeds=_hybrid_measures.own_domain_seeds,
     hybrid_rlhf=_hybrid_measures.hybrid_rlhf,
     sft_mix=_hybrid_measures.sft_mix,

@@ -166,3 +166,72 @@ def test_the_kl_main_measure_feeds_the_hybrid_rule(tmp_path):
   open(files[4], 'w').write(json.dumps(doc))
   _, m = status.MEASURES['kl_main'](files)
   assert claims.verdict(rule, m).startswith('void (seed 1: the runs differ')
+
+
+def test_verdict_adopt_if_ahead():
+  # The settings rule adopts an arm ahead that costs no domain.
+  rule = claims.load_rules()['31_settings_hybrid']['rule']
+  seed = lambda diff, se=0.01: dict(diff=diff, se=se)
+  dom = lambda *diffs: [seed(x) for x in diffs]
+  ahead = [seed(-0.05), seed(-0.04), seed(0.0)]        # default - tuned
+  m = dict(diffs=dict(tuned=ahead),
+           per_domain=dict(tuned=dict(math=dom(0.03, -0.01, 0.0),
+                                      pref=dom(-0.1, -0.1, 0.0))))
+  assert claims.verdict_adopt_if_ahead(rule, m) == \
+      'tuned adopted (ahead in 2 of 3 seeds)'
+  m['per_domain']['tuned']['math'] = dom(0.03, 0.04, 0.0)
+  assert claims.verdict_adopt_if_ahead(rule, m) == (
+      'not adopted: tuned ahead in 2 of 3 seeds but lower in math')
+  m['diffs']['tuned'] = [seed(0.05), seed(0.03), seed(-0.05)]
+  assert claims.verdict_adopt_if_ahead(rule, m) == (
+      'no: the default ahead in 2 of 3 seeds')
+  m['diffs']['tuned'] = [seed(0.01), seed(-0.01), seed(-0.05)]
+  assert claims.verdict_adopt_if_ahead(rule, m) == (
+      'not shown at this scale (the default stays)')
+  assert claims.verdict_adopt_if_ahead(
+      rule, dict(diffs=dict(tuned=ahead[:2]), per_domain={})) == (
+          'open (2 of 3 seeds)')
+  assert claims.verdict_adopt_if_ahead(rule, dict(void='x')) == 'void (x)'
+
+
+def test_the_settings_measure_feeds_its_rule(tmp_path):
+  """Rule 31: the tuned hybrid (its own SFT) against rule 29's default arm."""
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['31_settings_hybrid']
+  assert 'post_hoc' not in rule and rule['measure'] == 'settings'
+
+  def report(sft: list[int], last: dict) -> dict:
+    def scores(per_domain):
+      return {d: dict(pass_rate=sum(p) / len(p), pass_se=0.05,
+                      prompt_pass={str(i): v for i, v in enumerate(p)})
+              for d, p in per_domain.items()}
+    return dict(stages=[
+        dict(name='sft', scores=scores(dict(math=sft, preference=sft))),
+        dict(name='swe_agent_rl', scores=scores(last))])
+
+  # 16 prompts a domain. Default: half passed in both domains. Tuned (an
+  # SFT of its own): preference 6 prompts up in every seed, math level.
+  half = [1] * 8 + [0] * 8
+  files = []
+  for s in range(3):
+    for arm, d, last in (
+        ('default', 'hybrid_stage_order/default', dict(
+            math=half, preference=half)),
+        ('tuned', 'hybrid_settings/tuned', dict(
+            math=half, preference=[1] * 14 + [0] * 2))):
+      path = tmp_path / 'claims_x' / d / f'seed{s}' / 'report.json'
+      path.parent.mkdir(parents=True)
+      sft = half if arm == 'default' else [1] * 10 + [0] * 6
+      path.write_text(json.dumps(report(sft, last)))
+      files.append(str(path))
+  text, m = status.MEASURES['settings'](files)
+  assert 'the default minus tuned: -0.188 (SE' in text, text
+  assert claims.verdict(rule, m) == 'tuned adopted (ahead in 3 of 3 seeds)'
+  # The stage orders' measure voids arms from other SFTs; this one does
+  # not, but voids arms scored on other prompts.
+  assert status.MEASURES['stage_order'](files)[1]['void']
+  doc = json.loads(open(files[-1]).read())
+  doc['stages'][0]['scores']['math']['prompt_pass'] = {'99': 1}
+  open(files[-1], 'w').write(json.dumps(doc))
+  _, m = status.MEASURES['settings'](files)
+  assert claims.verdict(rule, m) == 'void (seed2: tuned is scored on other prompts)'
