@@ -2,7 +2,8 @@
 # The test suite. Default: everything but `slow` and `gpu` tests. In CI
 # (CI=true) the slow tests run too, and then the sampler's tests once with the
 # CPU kernels forced off (XLA's ops, the path accelerator users run) and once
-# forced on, whatever the calibration picks on this machine. Extra arguments
+# forced on, whatever the calibration picks on this machine (the episode
+# slots on `small` among them). Extra arguments
 # go to pytest.
 source "$(dirname "$0")/_setup.sh"
 markers='not slow and not gpu'
@@ -16,6 +17,7 @@ if [[ "${CI:-}" == "true" ]]; then
     CASCADE_JAX_CPU_KERNELS=$k python -m pytest -n 2 -q -m "$markers" \
       tests/test_rollout.py tests/test_kernels.py \
       tests/test_continuous.py::test_continuous_batching_on_the_main_job_model \
+      "tests/test_episodes.py::test_continuous_episodes_equal_the_fixed_batch_with_the_same_keys[small]" \
       || exit $?
   done
 fi
