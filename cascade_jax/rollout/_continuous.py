@@ -304,13 +304,13 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
     rows, ran = _decode_until(graph, state, layouts, rows,
                               jnp.asarray(wanted, jnp.int32), **static)
     steps.append(ran)
-    done = np.asarray(rows.done)
+    done = sharding.to_host(rows.done)    # every process, on a pod
     if not waiting and done.all():
       break
   result = _finish(rows, out, stop_ids=stop_ids, record=bool(moe[0]))
   if stats is not None:
-    stats.update(steps=int(sum(int(x) for x in steps)), refills=refills,
-                 row_steps=int(jnp.sum(result.mask)))
+    stats.update(steps=int(sum(sharding.to_host(steps))), refills=refills,
+                 row_steps=int(sharding.to_host(jnp.sum(result.mask))))
   return result
 
 

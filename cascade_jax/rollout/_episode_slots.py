@@ -224,7 +224,7 @@ class _Engine:
                        jnp.full((k,), w, jnp.int32),
                        jnp.asarray(valid.sum(1), jnp.int32),
                        self._keys(keys, k), ctx=self.ctx)
-    return np.asarray(experts) if self.record else None
+    return sharding.to_host(experts) if self.record else None
 
   def feed(self, which: np.ndarray, blocks: list, keys: jax.Array):
     """Feeds rows `which` their tokens (left-padded to whole chunks of
@@ -233,7 +233,7 @@ class _Engine:
     block's experts [k, W, L, k] (row j: which[j]) or None."""
     bucket = _turns.APPEND_BUCKET
     w = -(-max(map(len, blocks)) // bucket) * bucket
-    here = np.asarray(self.rows.pos)
+    here = sharding.to_host(self.rows.pos)
     toks, valid, pos = self._block(blocks, w, list(here[which]))
     k = toks.shape[0]
     take, put = self._rows(which, k)
@@ -252,13 +252,13 @@ class _Engine:
                        self._keys(keys, k), ctx=self.ctx)
     if not self.record:
       return None
-    return np.concatenate([np.asarray(e) for e in out], 1)
+    return np.concatenate(sharding.to_host(out), 1)
 
   def decode(self, wanted: int) -> int:
     self.rows, ran = _decode_turns(self.graph, self.state, self.layouts,
                                    self.rows, jnp.asarray(wanted, jnp.int32),
                                    **self.static)
-    return int(ran)
+    return int(sharding.to_host(ran))
 
 
 def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
@@ -302,13 +302,13 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
     wanted = min(b, int((episode < 0).sum()) + refill)
     steps += engine.decode(wanted)
     rows = engine.rows
-    live, t, toks = np.asarray(rows.live), np.asarray(rows.t), np.asarray(
-        rows.toks)
+    # Host reads through to_host: on a pod every process reads every row.
+    live, t, toks = sharding.to_host((rows.live, rows.t, rows.toks))
     ended = np.flatnonzero(~live & (episode >= 0))
     if not len(ended):
       continue
-    lps, kept = np.asarray(rows.lps), np.asarray(rows.kept)
-    experts = np.asarray(rows.experts) if engine.record else None
+    lps, kept = sharding.to_host((rows.lps, rows.kept))
+    experts = sharding.to_host(rows.experts) if engine.record else None
     texts, stopped = {}, {}
     for row in ended:
       stops = np.isin(toks[row], stop_ids)
