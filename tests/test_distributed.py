@@ -75,3 +75,32 @@ def test_two_processes_whose_verdicts_differ_collect_the_same_batch(tmp_path):
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
   np.testing.assert_array_equal(a['ep_rewards'], np.zeros_like(
       a['ep_rewards']))
+
+
+@pytest.mark.slow  # not the default (one process): CI runs it
+def test_two_process_continuous_batching_samples_what_one_device_samples(
+    tmp_path):
+  # Continuous batching and episode slots on a mesh that spans two
+  # processes (the RL sampler's inference layout on fsdp 2 x expert 4):
+  # every process reads the rows it refills from the whole batch; the
+  # samples are the one-device sampler's for the same keys.
+  ref_path, dist_path = tmp_path / 'ref.npz', tmp_path / 'dist.npz'
+  worker = os.path.join(os.path.dirname(__file__), '_continuous_worker.py')
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, worker, str(dist_path), str(i), '2', str(port)],
+      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  ref = subprocess.run([sys.executable, worker, str(ref_path)], env=_env(),
+                       capture_output=True, text=True, timeout=600)
+  assert ref.returncode == 0, ref.stdout + ref.stderr
+  for p in procs:
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out
+  want, got = np.load(ref_path), np.load(dist_path)
+  assert len(set(want['mask'].sum(1).tolist())) > 2     # rows end apart
+  assert want['turns'].max() >= 2, want['turns']
+  for k in ('tokens', 'mask', 'episodes', 'turns'):
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  for k in ('logprobs', 'ep_logprobs'):
+    np.testing.assert_allclose(got[k], want[k], atol=1e-5, err_msg=k)

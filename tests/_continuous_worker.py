@@ -1,0 +1,92 @@
+"""One process of the two-process continuous-batching test (or the reference).
+
+  python tests/_continuous_worker.py OUT.npz                    # one device
+  python tests/_continuous_worker.py OUT.npz PROC NPROC PORT    # one of N
+
+Each of the N processes has 8 / N CPU devices; together they hold the RL
+sampler's copy (the inference layout) on one fsdp 2 x expert 4 mesh and
+sample 21 prompts through 6 rows (rounded up to 8), refilled a row at a
+time, then play 8 episodes through 6 rows; the reference samples them on
+one device with the same keys (`generate`, and the fixed episode batch).
+"""
+
+import os
+import sys
+
+out_path = sys.argv[1]
+distributed = len(sys.argv) > 2
+if distributed:
+  proc, nproc, port = map(int, sys.argv[2:5])
+  os.environ['XLA_FLAGS'] = (
+      f'--xla_force_host_platform_device_count={8 // nproc}')
+os.environ['JAX_PLATFORMS'] = 'cpu'
+
+import jax  # pylint: disable=g-import-not-at-top
+
+if distributed:
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=nproc,
+                             process_id=proc)
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+from flax import nnx  # pylint: disable=g-import-not-at-top
+
+from cascade_jax import data  # pylint: disable=g-import-not-at-top
+from cascade_jax import domains  # pylint: disable=g-import-not-at-top
+from cascade_jax import model  # pylint: disable=g-import-not-at-top
+from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
+
+import _mesh_helpers  # pylint: disable=g-import-not-at-top
+
+
+def main():
+  rng = np.random.RandomState(0)
+  prompts = [rng.randint(4, 48, k).tolist() for k in rng.randint(1, 14, 21)]
+  sc = rollout.SampleConfig(max_new_tokens=12, prompt_bucket=8,
+                            temperature=1.0)
+  keys = jax.random.split(jax.random.key(3), len(prompts))
+  m = model.Transformer(_mesh_helpers.tiny_moe(48), rngs=nnx.Rngs(0))
+  recs = (domains.generate('swe_agent', split='train', n=4, seed=0,
+                           levels=(2, 3)) +
+          domains.generate('tool_use', split='train', n=4, seed=0))
+  tok = data.train_tokenizer(
+      [x['content'] for r in recs for x in r['messages'] + r['turns']] * 10,
+      400)
+  policy = model.Transformer(_mesh_helpers.tiny_moe(tok.vocab_size),
+                             rngs=nnx.Rngs(0))
+  # Replies that end after a few tokens (tests/test_episodes.py's policy).
+  policy.embed_vd.value = policy.embed_vd.value.at[:, 0].set(30.0)
+  policy.head_dv.value = policy.head_dv.value.at[0, :].set(0.0).at[
+      0, tok.im_end].set(0.45)
+  ec = rollout.EpisodeConfig(max_turns=4, max_new_tokens=24,
+                             max_observation_tokens=48, max_tokens=320)
+  t1 = rollout.SampleConfig(temperature=1.0)
+  ep_keys = jax.random.split(jax.random.key(5), len(recs))
+  if distributed:
+    assert jax.device_count() == 8 and jax.local_device_count() == 8 // nproc
+    mesh = dict(fsdp=2, expert=4)
+    sm = _mesh_helpers.inference_layout_sampler(m, mesh)
+    ro = rollout.generate_continuous(sm, prompts, cfg=sc, stop_ids=(3, 5, 7),
+                                     slots=6, keys=keys, refill=1,
+                                     record_experts=True)
+    eps = rollout.run_episodes(
+        _mesh_helpers.inference_layout_sampler(policy, mesh), tok, recs,
+        cfg=ec, sample=t1, keys=ep_keys, record_experts=True, slots=6)
+  else:
+    ro = rollout.generate(m, prompts, cfg=sc, stop_ids=(3, 5, 7), key=keys,
+                          record_experts=True)
+    eps = rollout.run_episodes(policy, tok, recs, cfg=ec, sample=t1,
+                               keys=ep_keys, record_experts=True)
+  from cascade_jax import sharding  # pylint: disable=g-import-not-at-top
+  ro = sharding.to_host(ro)
+  if not distributed or proc == 0:
+    np.savez(out_path, tokens=ro.tokens * ro.mask, mask=ro.mask,
+             logprobs=ro.logprobs,
+             episodes=np.asarray([t for e in eps for t in e.tokens]),
+             turns=np.asarray([e.turns for e in eps]),
+             ep_logprobs=np.asarray([x for e in eps for x in e.logprobs]))
+  print('process done')
+
+
+if __name__ == '__main__':
+  main()
