@@ -469,3 +469,24 @@ def test_vocab_parallel_embedding_never_gathers_the_table():
   g_ref = jax.grad(lambda t: loss(jnp.take(t, toks, axis=0)))(
       ref.embed_vd[...])
   np.testing.assert_allclose(g['embed_vd'][...], g_ref, rtol=1e-6, atol=1e-6)
+
+
+def test_constrain_rows_splits_rows_and_leaves_other_axes_to_the_compiler():
+  ctx = sharding.ShardingCtx(sharding.make_mesh(dict(data=2, expert=2,
+                                                     tensor=2)))
+  tree = dict(cache=jnp.zeros((8, 4, 6)), odd=jnp.zeros((6, 3)),
+              scalar=jnp.zeros(()))
+  assert sharding.constrain_rows(None, tree) is tree
+
+  @jax.jit
+  def f(t):
+    # A cache written with its heads split over 'tensor' (as the
+    # attention writes it) keeps that split: only the rows are pinned.
+    heads = ctx.constrain(t['cache'] + 1, ('batch', 'kv_heads', None))
+    return sharding.constrain_rows(ctx, dict(t, cache=heads))
+
+  out = jax.jit(lambda t: sharding.constrain_rows(ctx, t))(tree)
+  assert out['cache'].sharding.shard_shape((8, 4, 6))[0] == 2   # 4 row shards
+  assert out['odd'].sharding.is_fully_replicated       # 6 rows on 4: whole
+  got = f(tree)['cache'].sharding
+  assert got.shard_shape((8, 4, 6)) == (2, 2, 6), got
