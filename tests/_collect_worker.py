@@ -7,20 +7,10 @@ verdict near its time limit can): `rl.collect` must still give every
 process the same rewards, and so the same filtering and the same batch.
 """
 
-import os
-import sys
-
-out_path = sys.argv[1]
-proc, nproc, port = map(int, sys.argv[2:5])
-os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={8 // nproc}'
-os.environ['JAX_PLATFORMS'] = 'cpu'
+from _worker_start import out_path  # pylint: disable=g-bad-import-order
+from _worker_start import proc
 
 import jax  # pylint: disable=g-import-not-at-top
-
-jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=nproc,
-                           process_id=proc)
-
 import numpy as np  # pylint: disable=g-import-not-at-top
 from flax import nnx  # pylint: disable=g-import-not-at-top
 

@@ -7,24 +7,12 @@ Each of the N processes has 8 / N CPU devices; together they form one
 fsdp 2 x expert 2 x tensor 2 mesh and take one AdamW step on the tiny MoE.
 """
 
-import os
-import sys
-
-out_path = sys.argv[1]
-distributed = len(sys.argv) > 2
-if distributed:
-  proc, nproc, port = map(int, sys.argv[2:5])
-  os.environ['XLA_FLAGS'] = (
-      f'--xla_force_host_platform_device_count={8 // nproc}')
-os.environ['JAX_PLATFORMS'] = 'cpu'
+from _worker_start import distributed  # pylint: disable=g-bad-import-order
+from _worker_start import nproc
+from _worker_start import out_path
+from _worker_start import proc
 
 import jax  # pylint: disable=g-import-not-at-top
-
-if distributed:
-  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=nproc,
-                             process_id=proc)
-
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import optax  # pylint: disable=g-import-not-at-top

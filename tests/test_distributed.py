@@ -25,20 +25,35 @@ def _env():
   return env
 
 
+def _start_pair(worker, outs):
+  """`worker` as processes 0 and 1 of one jax.distributed run on
+  127.0.0.1, process i writing outs[i]."""
+  port = _free_port()
+  return [subprocess.Popen(
+      [sys.executable, worker, str(outs[i]), str(i), '2', str(port)],
+      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+          for i in range(2)]
+
+
+def _wait(procs, timeout):
+  for p in procs:
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out
+
+
+def _reference(worker, out, timeout):
+  """`worker` alone: one process, one device."""
+  ref = subprocess.run([sys.executable, worker, str(out)], env=_env(),
+                       capture_output=True, text=True, timeout=timeout)
+  assert ref.returncode == 0, ref.stdout + ref.stderr
+
+
 @pytest.mark.slow  # ~36 s, not the default (one process): CI runs it
 def test_two_process_sharded_step_equals_single_process(tmp_path):
   ref_path, dist_path = tmp_path / 'ref.npz', tmp_path / 'dist.npz'
-  port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, _WORKER, str(dist_path), str(i), '2', str(port)],
-      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  ref = subprocess.run([sys.executable, _WORKER, str(ref_path)], env=_env(),
-                       capture_output=True, text=True, timeout=300)
-  assert ref.returncode == 0, ref.stdout + ref.stderr
-  for p in procs:
-    out, _ = p.communicate(timeout=300)
-    assert p.returncode == 0, out
+  procs = _start_pair(_WORKER, [dist_path] * 2)
+  _reference(_WORKER, ref_path, 300)
+  _wait(procs, 300)
   want, got = np.load(ref_path), np.load(dist_path)
   assert sorted(want.files) == sorted(got.files)
   assert float(want['loss1']) < float(want['loss0'])  # the step did something
@@ -54,15 +69,8 @@ def test_two_processes_whose_verdicts_differ_collect_the_same_batch(tmp_path):
   # and the halves are shared: both get [0, 1, 0, 1, 1, 2, 1, 2] and the
   # same batch, where each on its own would have filtered and padded
   # differently and then waited on the other in a collective.
-  port = _free_port()
   outs = [tmp_path / f'p{i}.npz' for i in range(2)]
-  procs = [subprocess.Popen(
-      [sys.executable, _COLLECT, str(outs[i]), str(i), '2', str(port)],
-      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  for p in procs:
-    out, _ = p.communicate(timeout=300)
-    assert p.returncode == 0, out
+  _wait(_start_pair(_COLLECT, outs), 300)
   a, b = (np.load(o) for o in outs)
   np.testing.assert_array_equal(a['rewards'], [0, 1, 0, 1, 1, 2, 1, 2])
   for k in ('rewards', 'mask', 'inputs', 'filtered'):
@@ -86,17 +94,9 @@ def test_two_process_continuous_batching_samples_what_one_device_samples(
   # samples are the one-device sampler's for the same keys.
   ref_path, dist_path = tmp_path / 'ref.npz', tmp_path / 'dist.npz'
   worker = os.path.join(os.path.dirname(__file__), '_continuous_worker.py')
-  port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, worker, str(dist_path), str(i), '2', str(port)],
-      env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  ref = subprocess.run([sys.executable, worker, str(ref_path)], env=_env(),
-                       capture_output=True, text=True, timeout=600)
-  assert ref.returncode == 0, ref.stdout + ref.stderr
-  for p in procs:
-    out, _ = p.communicate(timeout=600)
-    assert p.returncode == 0, out
+  procs = _start_pair(worker, [dist_path] * 2)
+  _reference(worker, ref_path, 600)
+  _wait(procs, 600)
   want, got = np.load(ref_path), np.load(dist_path)
   assert len(set(want['mask'].sum(1).tolist())) > 2     # rows end apart
   assert want['turns'].max() >= 2, want['turns']
