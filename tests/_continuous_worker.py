@@ -19,12 +19,11 @@ import jax  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 from flax import nnx  # pylint: disable=g-import-not-at-top
 
-from cascade_jax import data  # pylint: disable=g-import-not-at-top
-from cascade_jax import domains  # pylint: disable=g-import-not-at-top
 from cascade_jax import model  # pylint: disable=g-import-not-at-top
 from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
 
 import _mesh_helpers  # pylint: disable=g-import-not-at-top
+import test_episodes  # pylint: disable=g-import-not-at-top
 
 
 def main():
@@ -34,21 +33,11 @@ def main():
                             temperature=1.0)
   keys = jax.random.split(jax.random.key(3), len(prompts))
   m = model.Transformer(_mesh_helpers.tiny_moe(48), rngs=nnx.Rngs(0))
-  recs = (domains.generate('swe_agent', split='train', n=4, seed=0,
-                           levels=(2, 3)) +
-          domains.generate('tool_use', split='train', n=4, seed=0))
-  tok = data.train_tokenizer(
-      [x['content'] for r in recs for x in r['messages'] + r['turns']] * 10,
-      400)
-  policy = model.Transformer(_mesh_helpers.tiny_moe(tok.vocab_size),
-                             rngs=nnx.Rngs(0))
-  # Replies that end after a few tokens (tests/test_episodes.py's policy).
-  policy.embed_vd.value = policy.embed_vd.value.at[:, 0].set(30.0)
-  policy.head_dv.value = policy.head_dv.value.at[0, :].set(0.0).at[
-      0, tok.im_end].set(0.45)
-  ec = rollout.EpisodeConfig(max_turns=4, max_new_tokens=24,
-                             max_observation_tokens=48, max_tokens=320)
-  t1 = rollout.SampleConfig(temperature=1.0)
+  tok, recs = test_episodes.agent_records()
+  # Replies that end after a few tokens.
+  policy = test_episodes.stopping_policy(
+      tok, cfg=_mesh_helpers.tiny_moe(tok.vocab_size))
+  ec, t1 = test_episodes.EC, test_episodes.T1
   ep_keys = jax.random.split(jax.random.key(5), len(recs))
   if distributed:
     assert jax.device_count() == 8 and jax.local_device_count() == 8 // nproc

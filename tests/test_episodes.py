@@ -17,8 +17,9 @@ from cascade_jax import train
 import _mesh_helpers  # pylint: disable=g-import-not-at-top
 
 
-@pytest.fixture(scope='module')
-def setup():
+def agent_records():
+  """(tokenizer, 8 records): swe_agent and tool_use episodes of 1 to 4
+  turns, a tokenizer trained on their texts."""
   recs = (domains.generate('swe_agent', split='train', n=4, seed=0,
                            levels=(2, 3)) +
           domains.generate('tool_use', split='train', n=4, seed=0))
@@ -26,6 +27,11 @@ def setup():
       [m['content'] for r in recs for m in r['messages'] + r['turns']] * 10,
       400)
   return tok, recs
+
+
+@pytest.fixture(scope='module')
+def setup():
+  return agent_records()
 
 
 def stopping_policy(tok, push=0.45, seed=0, cfg=None):
