@@ -113,3 +113,66 @@ def if_hurts(files):
   return text, dict(changes=[dict(change=r['change'], se=r['se'])
                              for r in reruns],
                     start=start, recovered=after)
+
+
+def _macro(rows):
+  """The mean change over rows (each domain's own eval prompts) and its SE:
+  the domains' paired SEs combined as independent."""
+  return (float(np.mean([r['change'] for r in rows])),
+          float(np.sqrt(sum(r['se'] ** 2 for r in rows)) / len(rows)))
+
+
+def hybrid_mopd(files):
+  """Rule 32: hybrid_mopd/<arm>/seed<S>/rerun.json (MOPD rerun from
+  multi_domain_rl of the hybrid main job of cascade seed S) and that main
+  job's report (hybrid_stage_order/default/seed<S>/report.json). Per arm
+  and seed: the macro change over MOPD's own domains ('mopd') and over the
+  others ('others'), each with its SE; the teachers' lead over MOPD's
+  start per domain, from the reports; whether the default arm reproduces
+  the main job's MOPD scores."""
+  reports = {os.path.basename(os.path.dirname(f)): load(f)
+             for f in files if f.endswith('report.json')}
+  arms, domains, same = {}, {}, []
+  for f in sorted(f for f in files if f.endswith('rerun.json')):
+    seed = os.path.basename(os.path.dirname(f))
+    arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
+    rows = load(f)['rows']
+    own = [r for r in rows if r['own']]
+    (m, m_se), (o, o_se) = _macro(own), _macro([r for r in rows
+                                                 if not r['own']])
+    arms.setdefault(arm, []).append(dict(mopd=m, mopd_se=m_se, others=o,
+                                         others_se=o_se))
+    for r in own:
+      domains.setdefault(arm, {}).setdefault(r['domain'], []).append(r)
+    if arm == 'default' and seed in reports:
+      main = next(s for s in reports[seed]['stages'] if s['name'] == 'mopd')
+      same.append(all(abs(main['scores'][r['domain']]['pass_rate']
+                          - r['after']) < 1e-9 for r in rows))
+  leads = {}                                  # domain -> per-seed leads
+  for rep in reports.values():
+    by = {s['name']: s for s in rep['stages']}
+    mopd = by['mopd']
+    start = by[mopd['init_from']]
+    for d, t in sorted(mopd['teachers'].items()):
+      a, b = start['scores'][d], by[t]['scores'][d]
+      leads.setdefault(f'{SHORT.get(d, d)} <- {t}', []).append(dict(
+          change=b['pass_rate'] - a['pass_rate'], se=se_change(a, b)))
+  fmt = lambda rs, x: f"{np.mean([r[x] for r in rs]):+.3f}"
+  part = lambda a, rs: (
+      f"{a}: MOPD's domains {fmt(rs, 'mopd')} ("
+      + ', '.join(f"{r['mopd']:+.3f}" for r in rs)
+      + f"; {sum(r['mopd'] > 2 * r['mopd_se'] for r in rs)} up beyond 2 SE)"
+      f", others {fmt(rs, 'others')}; " + ', '.join(
+          f"{SHORT.get(d, d)} {fmt(cs, 'change')}"
+          for d, cs in domains[a].items()))
+  text = ('hybrid MOPD from multi_domain_rl (rule 29 default arm, cascade '
+          'seeds), mean change over seeds: '
+          + '; '.join(part(a, rs) for a, rs in arms.items())
+          + "; the teachers' lead over MOPD's start, mean (seeds beyond 2 "
+          'paired SE): ' + ', '.join(
+              f"{k} {fmt(cs, 'change')} "
+              f"({sum(c['change'] > 2 * c['se'] for c in cs)})"
+              for k, cs in leads.items())
+          + (f"; the default arm equals the main job's MOPD in {sum(same)} "
+             f'of {len(same)} seeds' if same else ''))
+  return text, dict(arms=arms, leads=leads, reproduced=same)

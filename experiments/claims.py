@@ -8,7 +8,9 @@ before the runs; `check_history` fails when a rule changed in a commit that
 is not an ancestor of every commit adding its results (or is uncommitted
 while they are committed). A rule written down after its results says so in
 `post_hoc` (why, and where the rule stood before), and the status table
-marks its verdict "post hoc".
+marks its verdict "post hoc". Files a rule reads that were there before it
+(another rule's finished runs, e.g. the arm it is compared with) are
+`given`, not `results`: they must be committed before the rule.
 
 Flag-free: tests import it.
 """
@@ -23,7 +25,8 @@ from collections.abc import Callable, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = 'docs/claims'
-_FIELDS = {'claim', 'results', 'command', 'measure', 'rule', 'post_hoc'}
+_FIELDS = {'claim', 'results', 'command', 'measure', 'rule', 'post_hoc',
+           'given'}
 _RULE_FIELDS = {'verdict', 'metric', 'comparison', 'threshold', 'seeds'}
 
 
@@ -290,30 +293,34 @@ def verdict_own_up_in_seeds(rule: dict, m: dict) -> str:
 
 def verdict_setting_chosen(rule: dict, m: dict) -> str:
   """A stage's setting chosen among arms (m['arms']: per arm, per seed the
-  preference change and SE, and the math change and SE). An arm other
-  than rule['default'] qualifies if its preference change is up beyond
+  deciding change and its SE, and the guarded change and its SE: the keys
+  rule['decide'] and rule['guard'], 'pref' and 'math' unless named). An arm
+  other than rule['default'] qualifies if its deciding change is up beyond
   threshold x SE in rule['in_seeds'] or more seeds, its mean above the
-  default's, and its mean math change not below the default's by more than
-  threshold x its mean math SE; the qualifying arm with the highest mean
-  preference change is chosen. Else the default stays: 'holds at the
-  default' if it is up that far in in_seeds or more seeds."""
+  default's, and its mean guarded change not below the default's by more
+  than threshold x its mean guarded SE; the qualifying arm with the
+  highest mean deciding change is chosen. Else the default stays: 'holds
+  at the default' if it is up that far in in_seeds or more seeds, else
+  rule['otherwise']."""
   arms, t, k = m['arms'], rule['threshold'], rule['in_seeds']
+  key, guard = rule.get('decide', 'pref'), rule.get('guard', 'math')
   want = rule.get('arms') or sorted(arms)
   done = {a: len(arms.get(a, [])) for a in want}
   if min(done.values(), default=0) < rule['seeds']:
     return 'open (' + ', '.join(f'{a} {n} of {rule["seeds"]}'
                                 for a, n in done.items()) + ' seeds)'
-  mean = lambda a, key: sum(r[key] for r in arms[a]) / len(arms[a])
-  ups = lambda a: sum(r['pref'] > t * r['pref_se'] for r in arms[a])
+  mean = lambda a, x: sum(r[x] for r in arms[a]) / len(arms[a])
+  ups = lambda a: sum(r[key] > t * r[f'{key}_se'] for r in arms[a])
   base = rule['default']
   ok = [a for a in want if a != base and ups(a) >= k
-        and mean(a, 'pref') > mean(base, 'pref')
-        and mean(a, 'math') >= mean(base, 'math') - t * mean(a, 'math_se')]
+        and mean(a, key) > mean(base, key)
+        and mean(a, guard) >= mean(base, guard) - t * mean(a, f'{guard}_se')]
   if ok:
-    return f"{max(ok, key=lambda a: mean(a, 'pref'))} becomes the setting"
+    return f"{max(ok, key=lambda a: mean(a, key))} becomes the setting"
   if ups(base) >= k:
     return 'holds at the default'
-  return 'not made to work by lr, KL or steps at this scale'
+  return rule.get('otherwise',
+                  'not made to work by lr, KL or steps at this scale')
 
 
 VERDICTS: dict[str, Callable[[dict, dict], str]] = {
@@ -339,7 +346,7 @@ def load_rules(root: str = ROOT) -> dict[str, dict]:
     if set(r) - _FIELDS or {'claim', 'results', 'command', 'measure',
                             'rule'} - set(r):
       raise ValueError(f'{where}: fields {sorted(r)}, want {sorted(_FIELDS)} '
-                       "('post_hoc' optional)")
+                       "('post_hoc' and 'given' optional)")
     missing = _RULE_FIELDS - set(r['rule'])
     if missing:
       raise ValueError(f'{where}: rule lacks {sorted(missing)}')
@@ -350,10 +357,14 @@ def load_rules(root: str = ROOT) -> dict[str, dict]:
   return out
 
 
-def result_files(rule: dict, root: str = ROOT) -> list[str]:
-  """The rule's result files (its '|'-separated globs), relative to root."""
+def result_files(rule: dict, root: str = ROOT, key: str = 'results'
+                 ) -> list[str]:
+  """The rule's result files (its '|'-separated globs), relative to root;
+  key='given' for the files it reads that came before it, both for all."""
+  keys = ('results', 'given') if key == 'all' else (key,)
   return sorted({os.path.relpath(p, root)
-                 for pattern in rule['results'].split('|')
+                 for k in keys if rule.get(k)
+                 for pattern in rule[k].split('|')
                  for p in glob.glob(os.path.join(root, pattern))})
 
 
@@ -433,6 +444,11 @@ def check_history(root: str = ROOT,
       if at in (None, 'uncommitted') or not _before(root, at, added):
         late.append(f'{f} (added at {added[:7]}, the rule at '
                     f'{at if at in (None, "uncommitted") else at[:7]})')
+    for f in result_files(r, root, 'given'):
+      added = _added_at(root, f)
+      if (added is None or at in (None, 'uncommitted')
+          or not _before(root, added, at)):
+        late.append(f'{f} (given, but not committed before the rule)')
     if late and not r.get('post_hoc'):
       problems.append(f'{rel}: its rule was not committed before its '
                       f'results: {"; ".join(late)}')

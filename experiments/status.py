@@ -459,7 +459,8 @@ MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     own_domain_seeds=_hybrid_measures.own_domain_seeds,
     hybrid_rlhf=_hybrid_measures.hybrid_rlhf,
     sft_mix=_hybrid_measures.sft_mix,
-    if_hurts_hybrid=_hybrid_measures.if_hurts)
+    if_hurts_hybrid=_hybrid_measures.if_hurts,
+    hybrid_mopd=_hybrid_measures.hybrid_mopd)
 
 
 def _provenance(files: list[str]) -> str:
@@ -488,14 +489,16 @@ def section() -> str:
            '(committed before the results unless marked post hoc) | '
            'evidence | command |', '|---|---|---|---|---|---|']
   for cid, r in rules.items():
-    files = claims.result_files(r, ROOT)
-    if not files:
+    files = claims.result_files(r, ROOT, 'all')
+    if not claims.result_files(r, ROOT):
       text, verdict = 'not measured (no result files)', 'open'
     else:
       text, numbers = MEASURES[r['measure']](files)
       verdict = claims.verdict(r, numbers)
     mark = ' (post hoc)' if r.get('post_hoc') else ''
     where = (', '.join(f'`{p}`' for p in r['results'].split('|'))
+             + ''.join(f', `{p}` (given: from before the rule)'
+                       for p in (r.get('given') or '').split('|') if p)
              + _provenance(files))
     lines.append(f"| {r['claim']} | {text} | **{verdict}**{mark} | "
                  f'{claims.describe(r)} ([{cid}]({claims.RULES}/{cid}.json)) '

@@ -270,31 +270,15 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   rules = claims.load_rules()
   assert len(rules) >= 8
   assert rules['3_mopd_vs_grpo']['rule']['verdict'] == 'fewer_steps_to_teacher'
-  # The forgetting and IF-RL rules are registered before their runs.
-  assert 'post_hoc' not in rules['8_forgetting']
-  assert 'post_hoc' not in rules['9_if_rl_reward']
-  assert 'post_hoc' not in rules['10_mopd_recovers']
-  assert 'post_hoc' not in rules['11_long_context_mix']
-  assert 'post_hoc' not in rules['12_stage_order']
+  # Every rule from 8 on is registered before its runs (13 says post hoc
+  # why).
+  registered = [c for c in rules if 8 <= int(c.split('_')[0]) and
+                c != '13_rlhf_kl_main']
+  assert len(registered) == 24
+  for cid in registered:
+    assert 'post_hoc' not in rules[cid], cid
   # In the order of their numbers (9 before 10).
-  assert 'post_hoc' not in rules['14_mopd_gap']
-  assert 'post_hoc' not in rules['15_own_domain_hybrid']
-  assert 'post_hoc' not in rules['16_forgetting_hybrid']
-  assert 'post_hoc' not in rules['17_hybrid_rlhf']
-  assert 'post_hoc' not in rules['18_math_hybrid']
-  assert 'post_hoc' not in rules['19_if_rl_reward_hybrid']
-  assert 'post_hoc' not in rules['20_recover_hybrid']
-  assert 'post_hoc' not in rules['22_lc_mix_hybrid']
-  assert 'post_hoc' not in rules['23_mopd_gap_hybrid']
-  assert 'post_hoc' not in rules['24_lc_lr_hybrid']
-  assert 'post_hoc' not in rules['25_lc_lr']
-  assert 'post_hoc' not in rules['26_rlhf_reward_hybrid']
-  assert 'post_hoc' not in rules['27_judge_hybrid']
-  assert 'post_hoc' not in rules['28_if_hurts_hybrid']
-  assert 'post_hoc' not in rules['29_stage_order_hybrid']
-  assert 'post_hoc' not in rules['30_rlhf_kl_main_hybrid']
-  assert 'post_hoc' not in rules['31_settings_hybrid']
-  assert list(rules)[-23:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert list(rules)[-24:] == ['9_if_rl_reward', '10_mopd_recovers',
                                '11_long_context_mix', '12_stage_order',
                                '13_rlhf_kl_main', '14_mopd_gap',
                                '15_own_domain_hybrid', '16_forgetting_hybrid',
@@ -306,7 +290,7 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
                                '27_judge_hybrid', '28_if_hurts_hybrid',
                                '29_stage_order_hybrid',
                                '30_rlhf_kl_main_hybrid',
-                               '31_settings_hybrid']
+                               '31_settings_hybrid', '32_mopd_hybrid']
 
 
 # ----------------------------------------------------------- history
@@ -393,6 +377,25 @@ def test_uncommitted_results_of_a_committed_rule_pass(repo):
   _commit(repo, 'rule')
   _write(repo, 'res/a.json', {})
   assert claims.check_history(str(repo)) == []
+
+
+def test_given_files_must_come_before_their_rule(repo):
+  # Another rule's finished runs a new rule reads (its comparison arm).
+  _write(repo, 'old/a.json', dict(meta=dict(dirty=False)))
+  _commit(repo, 'earlier runs')
+  _write(repo, 'docs/claims/x.json', _rule(given='old/*.json'))
+  assert claims.result_files(_rule(given='old/*.json'), str(repo), 'all') \
+      == ['old/a.json']
+  problems = claims.check_history(str(repo))   # the rule not committed yet
+  assert len(problems) == 1 and 'old/a.json (given' in problems[0], problems
+  _commit(repo, 'rule')
+  assert claims.check_history(str(repo)) == []
+  # A given file added with or after the rule is a result by another name.
+  _write(repo, 'old/b.json', dict(meta=dict(dirty=False)))
+  _commit(repo, 'a late given file')
+  problems = claims.check_history(str(repo))
+  assert len(problems) == 1 and 'old/b.json (given' in problems[0], problems
+  assert 'old/a.json' not in problems[0]
 
 
 def test_a_malformed_rule_file_is_named(repo):

@@ -235,3 +235,68 @@ def test_the_settings_measure_feeds_its_rule(tmp_path):
   open(files[-1], 'w').write(json.dumps(doc))
   _, m = status.MEASURES['settings'](files)
   assert claims.verdict(rule, m) == 'void (seed2: tuned is scored on other prompts)'
+
+
+def _mopd_rerun(tmp_path, arm, seed, own, other, se=0.01):
+  path = tmp_path / 'hybrid_mopd' / arm / f'seed{seed}' / 'rerun.json'
+  path.parent.mkdir(parents=True)
+  rows = [dict(domain=d, own=True, before=0.3, after=0.3 + c, change=c, se=se)
+          for d, c in zip(('math', 'preference'), own)]
+  rows.append(dict(domain='code', own=False, before=0.4, after=0.4 + other,
+                   change=other, se=se))
+  path.write_text(json.dumps(dict(rows=rows)))
+  return str(path)
+
+
+def _mopd_report(tmp_path, seed, mopd_after):
+  """A hybrid main job's report: MOPD from multi_domain_rl, its math
+  teacher sft 0.05 above the start, its preference teacher the start."""
+  score = lambda p: dict(pass_rate=p, pass_se=0.01)
+  start = dict(math=0.3, preference=0.3, code=0.4)
+  stages = [dict(name='sft', scores={d: score(p + (0.05 if d == 'math'
+                                                   else 0.0))
+                                     for d, p in start.items()}),
+            dict(name='multi_domain_rl',
+                 scores={d: score(p) for d, p in start.items()}),
+            dict(name='mopd', init_from='multi_domain_rl',
+                 teachers=dict(math='sft', preference='multi_domain_rl'),
+                 scores={d: score(p) for d, p in mopd_after.items()})]
+  path = tmp_path / 'hybrid_stage_order' / 'default' / f'seed{seed}' / \
+      'report.json'
+  path.parent.mkdir(parents=True)
+  path.write_text(json.dumps(dict(stages=stages)))
+  return str(path)
+
+
+def test_the_hybrid_mopd_measure_feeds_its_rule(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['32_mopd_hybrid']
+  assert rule['rule']['arms'] == ['default', 'steps36', 'lr5e-4']
+  files = []
+  for s in range(3):
+    files.append(_mopd_rerun(tmp_path, 'default', s, (0.0, 0.01), 0.0))
+    # Up in MOPD's domains (macro +0.04, SE 0.007) without a cost elsewhere.
+    files.append(_mopd_rerun(tmp_path, 'steps36', s, (0.03, 0.05), -0.01))
+    # Up further, but the other domains fall beyond 2 SE below the default.
+    files.append(_mopd_rerun(tmp_path, 'lr5e-4', s, (0.06, 0.06), -0.05))
+    # Seed 2's main job scored its MOPD otherwise than the default arm.
+    files.append(_mopd_report(tmp_path, s, dict(
+        math=0.3, preference=0.31, code=0.4 + 0.1 * (s == 2))))
+  text, m = status.MEASURES['hybrid_mopd'](files)
+  assert sorted(m['arms']) == sorted(rule['rule']['arms'])
+  assert abs(m['arms']['steps36'][0]['mopd'] - 0.04) < 1e-12
+  assert abs(m['arms']['steps36'][0]['mopd_se']
+             - (2 * 0.01 ** 2) ** 0.5 / 2) < 1e-12
+  assert ("steps36: MOPD's domains +0.040 (+0.040, +0.040, +0.040; 3 up "
+          'beyond 2 SE), others -0.010; math +0.030, pref +0.050') in text
+  assert 'math <- sft +0.050 (3), pref <- multi_domain_rl +0.000 (0)' in text
+  assert m['reproduced'] == [True, True, False]
+  assert "equals the main job's MOPD in 2 of 3 seeds" in text
+  assert claims.verdict(rule, m) == 'steps36 becomes the setting'
+  # Without steps36: lr5e-4's cost elsewhere disqualifies it, and the
+  # default (macro +0.005, SE 0.007) is not up: the rule's own words.
+  m['arms']['steps36'] = m['arms']['default']
+  assert claims.verdict(rule, m) == \
+      'not made to work by steps or lr at this scale'
+  assert claims.verdict(rule, status.MEASURES['hybrid_mopd'](files[1:])[1]) \
+      == 'open (default 2 of 3, steps36 3 of 3, lr5e-4 3 of 3 seeds)'
