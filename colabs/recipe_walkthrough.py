@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cascade_jax import cascade, losses, report
+from cascade_jax import cascade, losses, report, utils
 from configs import cascade as cascade_config
 
 # %% [markdown]
@@ -92,9 +92,13 @@ assert kls[-1] < 0.1 * kls[0]
 # %% [markdown]
 # ## A short cascade: SFT then one RL stage
 # The `quick` cascade at its smallest: SFT from scratch, then IF-RL from the
-# SFT checkpoint. Stages are config data; `order` picks them.
+# SFT checkpoint. Stages are config data; `order` picks them. XLA's
+# persistent compilation cache (~/.cache/cascade_jax/xla, as the launchers
+# use; CASCADE_JAX_XLA_CACHE moves it) lets a second run of this cell load
+# its programs instead of compiling them.
 
 # %%
+utils.enable_compilation_cache()
 workdir = tempfile.mkdtemp()
 c = cascade_config.get_config('quick')
 c.order = 'sft,if_rl'

@@ -17,8 +17,9 @@ def test_there_are_notebooks():
   assert len(NOTEBOOKS) >= 2
 
 
-# The walkthrough and the public-data notebook run by default; CI runs all.
-_SLOW = ('moe_explore.py',)
+# The public-data notebook runs by default; CI runs all (the walkthrough's
+# cascade is the quick cascade tests/test_cascade.py runs by default).
+_SLOW = ('moe_explore.py', 'recipe_walkthrough.py')
 
 
 @pytest.mark.parametrize('path', [

@@ -91,6 +91,7 @@ def test_import_matches_transformers_logits(hf_dir, dispatch):
                              atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow   # the greedy generation against transformers decodes too
 def test_prefill_then_decode_equals_full_forward(hf_dir):
   from cascade_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   path, _ = hf_dir

@@ -451,6 +451,7 @@ def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
                jax.tree.map(np.asarray, state.params))
 
 
+@pytest.mark.slow   # rl.sample_slots is 0 in the main job; CI runs it
 def test_continuous_sample_slots_collect_what_a_key_a_rollout_draws(setup):
   # rl.sample_slots: a single-turn step's rollouts decode a few rows at a
   # time (continuous batching), a key a rollout. The batch is the fixed

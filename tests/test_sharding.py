@@ -64,9 +64,18 @@ def _reference(dispatch):
   return _REFERENCE[dispatch]
 
 
-@pytest.mark.parametrize('mesh_name', sorted(MESHES))
-@pytest.mark.parametrize('dispatch', ['dense', 'ragged', 'capacity',
-                                      'dropless'])
+def _dispatch_meshes():
+  # By default: the main job's dispatch (capacity) on every mesh, the
+  # others on the expert mesh; CI runs every pair (dense, the reference,
+  # everywhere).
+  for d in ('dense', 'ragged', 'capacity', 'dropless'):
+    for m in sorted(MESHES):
+      default = d == 'capacity' or (d != 'dense' and m == 'data2_expert4')
+      yield pytest.param(m, d, id=f'{d}-{m}',
+                         marks=() if default else pytest.mark.slow)
+
+
+@pytest.mark.parametrize('mesh_name,dispatch', _dispatch_meshes())
 def test_sharded_forward_and_grads_equal_single_device(mesh_name, dispatch):
   assert jax.device_count() == 8
   ctx = sharding.ShardingCtx(sharding.make_mesh(MESHES[mesh_name]))
@@ -120,7 +129,8 @@ def _routed_forward(cfg, ctx, expert_idx):
   return logits, router, grads
 
 
-@pytest.mark.parametrize('routing', ['one_shard', 'balanced'])
+@pytest.mark.parametrize('routing', [  # balanced: CI
+    'one_shard', pytest.param('balanced', marks=pytest.mark.slow)])
 def test_bounded_expert_buffer_stays_exact_when_a_shard_overflows(routing):
   # `ragged` (the 30B presets' dispatch) under expert parallelism with the
   # GPU / TPU exchange (emulated here), a receive buffer of the mean load
@@ -283,7 +293,8 @@ def _gathered_shapes(params):
   return out
 
 
-@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('dtype', [  # float32: CI
+    pytest.param('float32', marks=pytest.mark.slow), 'bfloat16'])
 def test_weight_sync_to_the_inference_layout_gathers_no_weight(dtype):
   # The learner holds FSDP x expert-sharded fp32 weights; the sampler's copy
   # (rl.SamplerWeights, one jitted cast + reshard) holds whole experts over
@@ -408,8 +419,9 @@ def test_weight_sync_decode_weight_layout_samples_what_the_default_samples(mesh)
   np.testing.assert_allclose(draws['decode'].logprobs,
                              draws['default'].logprobs, atol=1e-5)
 
-@pytest.mark.parametrize('mesh', [dict(fsdp=2, expert=4),
-                                  dict(fsdp=2, expert=2, tensor=2)])
+@pytest.mark.parametrize('mesh', [  # the tensor mesh: CI
+    dict(fsdp=2, expert=4),
+    pytest.param(dict(fsdp=2, expert=2, tensor=2), marks=pytest.mark.slow)])
 def test_inference_layout_pallas_cache_attention_samples_what_xla_samples(mesh):
   # The TPU sampler's cache attention (`cache_attention='pallas'`, here in
   # Pallas' interpreter) on a mesh: the sampler's weights in the inference
