@@ -274,11 +274,11 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   # why).
   registered = [c for c in rules if 8 <= int(c.split('_')[0]) and
                 c != '13_rlhf_kl_main']
-  assert len(registered) == 24
+  assert len(registered) == 25
   for cid in registered:
     assert 'post_hoc' not in rules[cid], cid
   # In the order of their numbers (9 before 10).
-  assert list(rules)[-24:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert list(rules)[-25:] == ['9_if_rl_reward', '10_mopd_recovers',
                                '11_long_context_mix', '12_stage_order',
                                '13_rlhf_kl_main', '14_mopd_gap',
                                '15_own_domain_hybrid', '16_forgetting_hybrid',
@@ -290,7 +290,8 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
                                '27_judge_hybrid', '28_if_hurts_hybrid',
                                '29_stage_order_hybrid',
                                '30_rlhf_kl_main_hybrid',
-                               '31_settings_hybrid', '32_mopd_hybrid']
+                               '31_settings_hybrid', '32_mopd_hybrid',
+                               '33_sft_pref_hybrid']
 
 
 # ----------------------------------------------------------- history

@@ -300,3 +300,17 @@ def test_the_hybrid_mopd_measure_feeds_its_rule(tmp_path):
       'not made to work by steps or lr at this scale'
   assert claims.verdict(rule, status.MEASURES['hybrid_mopd'](files[1:])[1]) \
       == 'open (default 2 of 3, steps36 3 of 3, lr5e-4 3 of 3 seeds)'
+
+
+def test_the_settings_measure_reads_the_sft_weight_arm_beside_rule_29s():
+  # Rule 33's arm (pref1.5) against rule 29's default arm, both read
+  # through its own globs ('given' for the default's), arms named by
+  # folder: the measure sees the two arms, and nothing of rule 31's.
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['33_sft_pref_hybrid']
+  assert sorted(rule['rule']['arms']) == ['default', 'pref1.5']
+  files = claims.result_files(rule, key='all')
+  assert files and all('/hybrid_sft_pref/pref1.5/' in f
+                       or '/hybrid_stage_order/default/' in f for f in files)
+  _, m = status.MEASURES[rule['measure']](files)
+  assert set(m['macro']) <= {'default', 'pref1.5'}
