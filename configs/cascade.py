@@ -220,9 +220,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The model every SFT stage trains, by name (later stages start from it):
   # '' keeps the SFT config's (`small`, attention + MoE); 'hybrid' is the
   # Nemotron-H-style Mamba-2 + attention + MoE model of the same width.
+  # A model's `stages` are the stage settings measured for it, set over the
+  # stages' own when it is chosen (change them here, e.g.
+  # --config.models.hybrid.stages.sft.data.sources.preference.weight=0.5):
+  # the hybrid's SFT at preference weight 1.5 (rule 33,
+  # docs/claims/33_sft_pref_hybrid.json: the cascade ends ahead in macro
+  # pass@1 in 2 of 3 seeds, no domain lower).
   c.model = ''
   c.models = ml_collections.ConfigDict(dict(
-      hybrid=dict(preset='small_hybrid', overrides=dict(pattern='ME*E'))))
+      hybrid=dict(preset='small_hybrid', overrides=dict(pattern='ME*E'),
+                  stages=dict(sft=dict(data=dict(sources=dict(
+                      preference=dict(weight=1.5))))))))
   # Forces cascade_jax.ops implementations, e.g. 'attention=xla,argmax=xla'
   # (empty: each op picks by backend and dtype; CASCADE_JAX_OPS likewise).
   c.ops = ''

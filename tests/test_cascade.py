@@ -256,6 +256,30 @@ def test_quick_cascade_on_the_hybrid_model(tmp_path):
     cascade.plan(c)
 
 
+def test_the_hybrid_takes_the_stage_settings_measured_for_it():
+  # Rule 33: the hybrid's SFT at preference weight 1.5; the attention
+  # model's stays at the stage's own 0.5; both sizes of the config.
+  for arg in (None, 'quick'):
+    c = cascade_config.get_config(arg)
+    weight = lambda: next(s for s in cascade.plan(c) if s.name == 'sft'
+                          ).config.data.sources.preference.weight
+    own = c.stages.sft.data.sources.preference.weight
+    assert weight() == own
+    c.model = 'hybrid'
+    assert weight() == 1.5 != own
+    # The model's entry is where the setting changes.
+    c.models.hybrid.stages.sft.data.sources.preference.weight = 0.25
+    assert weight() == 0.25
+  c.models.hybrid.stages.sft.data.sources.preferance = dict(weight=2.0)
+  with pytest.raises(KeyError, match=r'config.models.hybrid.stages.sft.data'
+                     r'.sources.preferance is not a setting'):
+    cascade.plan(c)
+  del c.models.hybrid.stages.sft.data.sources['preferance']
+  c.models.hybrid.stages.sfft = dict(steps=1)
+  with pytest.raises(KeyError, match=r"stages names \['sfft'\], not stages"):
+    cascade.plan(c)
+
+
 def test_an_evaluation_process_failure_names_the_stage(tmp_path):
   from cascade_jax.cascade import _scoring  # pylint: disable=g-import-not-at-top
   # 'auto': the main job's evaluation (256 prompts x 2) in a process of its

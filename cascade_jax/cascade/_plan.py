@@ -46,8 +46,10 @@ class Stage:
 
 def _model_choice(config) -> dict | None:
   """The cascade-level `model` (a key of `models`): what every SFT stage
-  trains (its preset, and overrides over the stage's own); None: as the
-  stages say. Later stages start from their `init_from`'s model."""
+  trains (its preset, and overrides over the stage's own), and the stage
+  settings measured for it (`stages`: stage -> settings over the stage's
+  own); None: as the stages say. Later stages start from their
+  `init_from`'s model."""
   name = config.get('model') or ''
   if not name:
     return None
@@ -55,7 +57,24 @@ def _model_choice(config) -> dict | None:
   if name not in models:
     raise ValueError(f'cascade: model {name!r} is not one of config.models '
                      f'{sorted(models)}')
-  return models[name]
+  unknown = sorted(set(models[name].get('stages') or {}) - set(config.stages))
+  if unknown:
+    raise KeyError(f'cascade: config.models.{name}.stages names {unknown}, '
+                   f'not stages of config.stages ({sorted(config.stages)})')
+  return dict(models[name], name=name)
+
+
+def _set_over(spec: dict, settings: dict, where: str) -> dict:
+  """spec with `settings` (nested, as the stage's config) set over it; a
+  key the stage does not have is an error naming its path."""
+  out = dict(spec)
+  for k, v in settings.items():
+    if k not in out:
+      raise KeyError(f'cascade: {where}.{k} is not a setting of the stage '
+                     f'(it has {sorted(out)})')
+    out[k] = (_set_over(out[k], v, f'{where}.{k}')
+              if isinstance(v, dict) and isinstance(out[k], dict) else v)
+  return out
 
 
 def _is_run_path(init: str) -> bool:
@@ -79,6 +98,9 @@ def plan(config: ml_collections.ConfigDict) -> list[Stage]:
   stages, main_line = [], ''
   for i, name in enumerate(names):
     spec = config.stages[name].to_dict()
+    if model is not None and name in (model.get('stages') or {}):
+      spec = _set_over(spec, model['stages'][name],
+                       f"config.models.{model['name']}.stages.{name}")
     kind = spec.get('kind')
     if kind not in KINDS:
       raise ValueError(f'cascade stage {name!r}: kind {kind!r} is not one of '
