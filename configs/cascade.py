@@ -221,11 +221,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # '' keeps the SFT config's (`small`, attention + MoE); 'hybrid' is the
   # Nemotron-H-style Mamba-2 + attention + MoE model of the same width.
   # A model's `stages` are the stage settings measured for it, set over the
-  # stages' own when it is chosen (change them here, e.g.
-  # --config.models.hybrid.stages.sft.data.sources.preference.weight=0.5):
-  # the hybrid's SFT at preference weight 1.5 (rule 33,
+  # stages' own when it is chosen, so a --config.stages.* flag does not
+  # change them: change them here, e.g.
+  # --config.models.hybrid.stages.sft.data.sources.preference.weight=0.5.
+  # The hybrid's SFT at preference weight 1.5 (rule 33,
   # docs/claims/33_sft_pref_hybrid.json: the cascade ends ahead in macro
-  # pass@1 in 2 of 3 seeds, no domain lower).
+  # pass@1 beyond 2 SE in 2 of 3 seeds, no domain lower that far in two;
+  # six lower in one seed each).
   c.model = ''
   c.models = ml_collections.ConfigDict(dict(
       hybrid=dict(preset='small_hybrid', overrides=dict(pattern='ME*E'),
