@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from experiments._results import load
+from experiments._results import macro
 from experiments._results import row
 from experiments._results import se_change
 from experiments._results import SHORT
@@ -115,13 +116,6 @@ def if_hurts(files):
                     start=start, recovered=after)
 
 
-def _macro(rows):
-  """The mean change over rows (each domain's own eval prompts) and its SE:
-  the domains' paired SEs combined as independent."""
-  return (float(np.mean([r['change'] for r in rows])),
-          float(np.sqrt(sum(r['se'] ** 2 for r in rows)) / len(rows)))
-
-
 def hybrid_mopd(files):
   """Rule 32: hybrid_mopd/<arm>/seed<S>/rerun.json (MOPD rerun from
   multi_domain_rl of the hybrid main job of cascade seed S) and that main
@@ -138,8 +132,8 @@ def hybrid_mopd(files):
     arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
     rows = load(f)['rows']
     own = [r for r in rows if r['own']]
-    (m, m_se), (o, o_se) = _macro(own), _macro([r for r in rows
-                                                 if not r['own']])
+    (m, m_se), (o, o_se) = macro(own), macro([r for r in rows
+                                               if not r['own']])
     arms.setdefault(arm, []).append(dict(mopd=m, mopd_se=m_se, others=o,
                                          others_se=o_se))
     for r in own:

@@ -27,6 +27,14 @@ def se_change(a: dict, b: dict) -> float:
   return float(np.hypot(a.get('pass_se', np.nan), b.get('pass_se', np.nan)))
 
 
+def macro(rows, key: str = 'change') -> tuple[float, float]:
+  """The mean of rows' `key` over domains (each on its own eval prompts)
+  and its SE: the domains' paired SEs (`se`) combined as independent."""
+  rows = list(rows)
+  return (float(np.mean([r[key] for r in rows])),
+          float(np.sqrt(sum(r['se'] ** 2 for r in rows)) / len(rows)))
+
+
 def row(rerun: dict, domain: str) -> dict:
   return next(r for r in rerun['rows'] if r['domain'] == domain)
 

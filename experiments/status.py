@@ -27,6 +27,7 @@ from experiments import claims
 
 from experiments import _hybrid_measures
 from experiments._results import load as _load
+from experiments._results import macro as _macro
 from experiments._results import ROOT
 from experiments._results import row as _row
 from experiments._results import se_change as _se_change
@@ -350,10 +351,8 @@ def _stage_order(files, same_sft=True, label='default order'):
                     se=_se_change(end[d], ref[d])) for d in ref}
       for d, x in ds.items():
         per_domain.setdefault(a, {}).setdefault(d, []).append(x)
-      diffs.setdefault(a, []).append(dict(
-          diff=float(np.mean([x['diff'] for x in ds.values()])),
-          se=float(np.sqrt(sum(x['se'] ** 2 for x in ds.values()))
-                   / len(ds))))
+      diff, se = _macro(ds.values(), 'diff')
+      diffs.setdefault(a, []).append(dict(diff=diff, se=se))
   parts = []
   for a, ds in sorted(diffs.items()):
     beyond = lambda xs, sign: sum(sign * x['diff'] > 2 * x['se'] for x in xs)
