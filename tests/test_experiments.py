@@ -196,3 +196,34 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
     assert s['step_s'] == pytest.approx(
         max(s['generation_s'], s['update_s']) + p['sync_s'])
   assert p['generation_s'] > p['update_s'] and m['best']['speedup'] < 1
+
+
+_CACHED_PROGRAM = r'''
+import sys
+import jax
+import jax.numpy as jnp
+from cascade_jax import utils
+hits = []
+jax.monitoring.register_event_listener(
+    lambda e, **kw: hits.append(e) if e.endswith('cache_hits') else None)
+assert utils.enable_compilation_cache() == sys.argv[1]
+print(float(jax.jit(lambda x: jnp.tanh(x) * 3 + 1)(jnp.ones(5))[0]),
+      len(hits))
+'''
+
+
+def test_the_launchers_compilation_cache_keeps_quick_programs(tmp_path):
+  # A program that compiles in milliseconds (under JAX's default 1 s
+  # threshold) is kept, and a second process loads it instead of compiling.
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env['CASCADE_JAX_XLA_CACHE'] = str(tmp_path / 'xla')
+  out = [subprocess.run([sys.executable, '-c', _CACHED_PROGRAM,
+                         str(tmp_path / 'xla')], cwd=_ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+         for _ in range(2)]
+  assert [r.returncode for r in out] == [0, 0], out[-1].stderr
+  (v1, hits1), (v2, hits2) = (r.stdout.split() for r in out)
+  assert v1 == v2
+  # The second loads the function and the eager ops before it (ones, ...).
+  assert hits1 == '0' and int(hits2) >= 1, (hits1, hits2)
+  assert os.listdir(tmp_path / 'xla')
