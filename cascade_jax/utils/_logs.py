@@ -30,9 +30,10 @@ def enable_compilation_cache() -> str | None:
   those of a second or more): the small ones are most of a process's
   compiles (a stage's eager ops, initialisers, reshapes; 0.05-0.5 s each)
   and are compiled again by every process and after every
-  `jax.clear_caches`. Loading one is a file read. On three test files
-  (`pytest -n 2 tests/test_rl.py tests/test_ops.py tests/test_rollout.py`,
-  2-core Xeon) a threshold of 0 took 333 s against 373 and 384 s at 0.5.
+  `jax.clear_caches`. Loading one is a file read. Side by side on a 2-core
+  Xeon (`pytest -n 2`): three test files 333 s against 373 and 384 s at
+  0.5 s, six files 618 s against 631 s, the latter within the machine's
+  drift (docs/results/compile_2026-12-06).
   """
   path = os.environ.get(CACHE_ENV, '')
   if path.strip().lower() in ('0', 'off', 'false'):
