@@ -45,9 +45,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the fraction of constraints met) or 'passed' (1 / 0: all met, the
   # paper's IF-RL reward). max_staleness: step t's rollouts sampled by the
   # policy of t - max_staleness updates (0: strictly on-policy), trained
-  # with the decoupled objective; rollout_worker 'process' samples them in
-  # a process of its own while the learner updates (rollout_cpus: its
-  # cores), 'inline' in the learner's process. capacity_headroom: the
+  # with the decoupled objective; rollout_worker 'thread' samples them in a
+  # thread of the learner's process while the learner updates, 'process'
+  # in a process of its own (rollout_cpus: its cores), 'inline' when a step
+  # asks; rollout_devices: the sampler's own devices (the run's last n, on
+  # a mesh of rollout_mesh's shape, e.g. 'data=2,expert=2'; 0: the
+  # learner's; inline or thread). capacity_headroom: the
   # stage's first update sizes the learner's MoE capacity for that much
   # more load than its batch needs (each larger capacity compiles again).
   # sample_slots: continuous batching of a single-turn step's rollouts, that
@@ -64,7 +67,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       sampler_layout='inference', sampler_weight_layout='auto',
       behaviour_correction='tis', tis_cap=2.0,
       verifier_reward='graded', max_staleness=0, rollout_worker='inline',
-      rollout_cpus='', sample_slots=0, episode_slots=0))
+      rollout_cpus='', rollout_devices=0, rollout_mesh='data=-1',
+      sample_slots=0, episode_slots=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',

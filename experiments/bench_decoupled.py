@@ -3,8 +3,9 @@
   python -m experiments.bench_decoupled --run=runs/cascade --stage=if_rl \
       --out=docs/results/decoupled_<date>
 
-Two arms, one after the other, each `experiments.rerun_stage` of `--stage`
-from the run's checkpoint of its start (the stage's own config otherwise):
+The arms (`--arms`), one after the other, each `experiments.rerun_stage`
+of `--stage` from the run's checkpoint of its start (the stage's own
+config otherwise):
 - `sync`: the synchronous loop (`rl.max_staleness=0`, rollouts in the
   learner's process), free to use every core;
 - `decoupled`: the learner pinned to core 0 (`taskset`), the sampler
@@ -13,6 +14,10 @@ from the run's checkpoint of its start (the stage's own config otherwise):
   updates on step t;
 - `decoupled_shared`: the same without pinning (both processes on every
   core, the OS scheduling them).
+- `thread`: a sampler thread in the learner's process
+  (`rl.rollout_worker=thread`) on the learner's device, `--staleness`
+  behind: the two share the process's cores, its XLA and its memory; no
+  weights cross the host.
 Each arm's stage window is from its first step's start to its last step's
 end (the metrics rows' times; the evaluations before and after are outside
 it). Printed and written (results.json, README.md): steps per second and
@@ -100,16 +105,18 @@ def _arm(name: str, workdir: str) -> list[str]:
   cmd += [f'{st}.{kv}' for kv in _SET.value]
   if _INIT.value:
     cmd.append(f'--init_from={_INIT.value}')
-  decoupled = [f'{st}.rl.max_staleness={_STALENESS.value}',
-               f'{st}.rl.rollout_worker=process']
+  ahead = lambda worker: [f'{st}.rl.max_staleness={_STALENESS.value}',
+                          f'{st}.rl.rollout_worker={worker}']
   if name == 'decoupled':
-    return ['taskset', '-c', '0'] + cmd + decoupled + [
+    return ['taskset', '-c', '0'] + cmd + ahead('process') + [
         f'{st}.rl.rollout_cpus=1']
   if name == 'decoupled_shared':
-    return cmd + decoupled
+    return cmd + ahead('process')
+  if name == 'thread':
+    return cmd + ahead('thread')
   if name != 'sync':
     raise ValueError(f'unknown arm {name!r} (sync, decoupled, '
-                     'decoupled_shared)')
+                     'decoupled_shared, thread)')
   return cmd
 
 

@@ -1,4 +1,4 @@
-"""Decoupled rollouts (`rl.max_staleness`, `rl.rollout_worker`): a sampler process that runs ahead of the learner.
+"""Decoupled rollouts (`rl.max_staleness`, `rl.rollout_worker`, `rl.rollout_devices`): a sampler process or thread that runs ahead of the learner.
 
 On the main job's model (the quick SFT of configs/sft.py, its capacity
 dispatch), through the RL stage as users run it.
@@ -65,8 +65,8 @@ def test_policy_version_schedule_is_fixed():
 def test_staleness_and_rollout_worker_config_errors():
   with pytest.raises(ValueError, match='max_staleness must be >= 0'):
     rl.RLConfig(max_staleness=-1)
-  with pytest.raises(ValueError, match="rollout_worker: 'thread'"):
-    rl.RLConfig(rollout_worker='thread')
+  with pytest.raises(ValueError, match="rollout_worker: 'pool'"):
+    rl.RLConfig(rollout_worker='pool')
   with pytest.raises(ValueError, match='not a comma-separated list'):
     rl.RLConfig(rollout_worker='process', rollout_cpus='one')
   with pytest.raises(ValueError, match="needs rl.rollout_worker='process'"):
@@ -194,3 +194,88 @@ def test_decoupled_resume_under_another_staleness_bound(sft_dir, tmp_path):
   assert tighter[3]['stale_dropped'] == 0 and 'loss' in tighter[3]
   looser = _run(sft_dir, tmp_path / 'b', 'process', 2, steps=5)
   assert [r['policy_staleness'] for r in looser] == [0, 1, 1, 1, 2]
+
+
+# ------------------------------------------- a sampler thread, own devices
+
+
+def test_rollout_devices_split_and_config_errors():
+  import jax  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()
+  assert len(devices) == 8     # conftest's fake CPU devices
+  assert rl.split_devices(0) == (None, None)
+  learner, sampler = rl.split_devices(3)
+  assert learner == devices[:5] and sampler == devices[5:]
+  with pytest.raises(ValueError, match='leaves the learner none of the '
+                     "run's 8 device"):
+    rl.split_devices(8)
+  with pytest.raises(ValueError, match='rollout_devices must be >= 0'):
+    rl.RLConfig(rollout_devices=-1)
+  with pytest.raises(ValueError, match="needs rl.rollout_worker 'thread'"):
+    rl.RLConfig(rollout_worker='process', rollout_devices=4)
+  for bad in ('data', 'data=two', 'pipeline=2', 'data=0'):
+    with pytest.raises(ValueError, match='is not a mesh shape'):
+      rl.RLConfig(rollout_mesh=bad)
+  assert rl.RLConfig(rollout_mesh='data=2, expert=2').rollout_mesh_shape() == {
+      'data': 2, 'expert': 2}
+
+
+def test_decoupled_thread_on_devices_of_its_own_follows_the_schedule(
+    sft_dir, tmp_path, capsys):
+  # The learner on devices 0-3 (the stage's mesh, data=-1), the sampler
+  # thread on 4-7 (rl.rollout_mesh), one update behind: its batches and the
+  # learner's updates on them equal the same schedule sampled inline on
+  # those devices (when a step asks, nothing overlapping).
+  split = dict(rollout_devices=4)
+  inline = _run(sft_dir, tmp_path / 'inline', 'inline', 1, steps=3, **split)
+  thread = _run(sft_dir, tmp_path / 'thread', 'thread', 1, steps=3, **split)
+  assert _same(thread) == _same(inline)
+  assert [r['policy_staleness'] for r in thread] == [0, 1, 1]
+  # The weights after update 1 sample step 2 (those after 2, nothing).
+  assert [r['weight_sync_s'] > 0 for r in thread] == [True, False, False]
+  assert all(r['sampler_cpu_s'] > 0 for r in thread)
+  # Fresh weights score what they drew (across the two meshes).
+  assert thread[0]['sampler_mismatch_max'] < 1e-5
+  out = capsys.readouterr().out
+  assert "[rl] mesh {'data': 4" in out
+  assert 'the sampler on devices of its own: [4, 5, 6, 7]' in out
+
+
+def test_decoupled_sampler_thread_failure_names_its_cause(sft_dir, tmp_path,
+                                                          monkeypatch):
+  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+
+  def broken(*args, **kwargs):
+    raise ValueError('a reward server that is down')
+  monkeypatch.setattr(_stage, 'collect', broken)
+  c = rl_config.get_config('quick')
+  c.init_from, c.steps, c.eval_n = sft_dir, 2, 0
+  c.rl.rollout_worker, c.rl.max_staleness = 'thread', 1
+  with pytest.raises(RuntimeError, match='the sampler thread failed') as e:
+    rl.run(c, str(tmp_path))
+  assert 'a reward server that is down' in str(e.value)
+
+
+@pytest.mark.slow  # ~20 s, not the default (max_staleness 0, inline): CI runs it
+def test_decoupled_thread_at_staleness_0_equals_the_synchronous_loop(
+    sft_dir, tmp_path):
+  sync = _run(sft_dir, tmp_path / 'sync', 'inline', 0)
+  thread = _run(sft_dir, tmp_path / 'thread', 'thread', 0)
+  assert _same(thread, _DECOUPLED) == _same(sync)
+  assert all(r['policy_staleness'] == 0 for r in thread)
+
+
+@pytest.mark.slow  # ~30 s, not the default (max_staleness 0, inline): CI runs it
+def test_decoupled_thread_resumes_where_an_uninterrupted_run_ends(sft_dir,
+                                                                  tmp_path):
+  # Killed after the checkpoint at 2 (the later one removed), with step 2's
+  # rollouts sampled ahead by version 1: run again, it ends where the
+  # uninterrupted run ends.
+  import shutil  # pylint: disable=g-import-not-at-top
+  whole = _run(sft_dir, tmp_path / 'a', 'thread', 1, steps=4,
+               rollout_devices=4)
+  shutil.rmtree(tmp_path / 'a' / 'checkpoints' / '4')
+  assert os.path.exists(tmp_path / 'a' / 'rollouts' / 'step_2.pkl')
+  again = _run(sft_dir, tmp_path / 'a', 'thread', 1, steps=4,
+               rollout_devices=4)
+  assert _same(again) == _same(whole)

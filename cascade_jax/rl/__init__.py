@@ -24,6 +24,8 @@ from cascade_jax.rl._decoupled import InlineRollouts
 from cascade_jax.rl._decoupled import policy_version
 from cascade_jax.rl._decoupled import ProcessRollouts
 from cascade_jax.rl._decoupled import Rollout
+from cascade_jax.rl._decoupled import split_devices
+from cascade_jax.rl._decoupled import ThreadRollouts
 from cascade_jax.rl._learner import check_on_policy
 from cascade_jax.rl._learner import exact_moe
 from cascade_jax.rl._learner import freeze

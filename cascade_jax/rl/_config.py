@@ -9,13 +9,14 @@ import jax.numpy as jnp
 
 from cascade_jax import domains
 from cascade_jax import rollout
+from cascade_jax import sharding
 
 
 SAMPLER_DTYPES = ('float32', 'bfloat16')
 CORRECTIONS = ('tis', 'mask', 'none')
 SAMPLER_LAYOUTS = ('inference', 'train')
 SAMPLER_WEIGHT_LAYOUTS = ('auto', 'decode', 'default')
-ROLLOUT_WORKERS = ('inline', 'process')
+ROLLOUT_WORKERS = ('inline', 'thread', 'process')
 
 
 VERIFIER_REWARDS = ('graded', 'passed')
@@ -127,12 +128,22 @@ class RLConfig:
   # proximal one the clipped ratio is taken against.
   max_staleness: int = 0
   # Where rollouts are collected (sampled, scored, filtered): 'inline' (the
-  # learner's process, when a step asks) or 'process' (a sampler process of
-  # its own, `max_staleness` steps ahead, the weights sent after each
-  # update). `rollout_cpus`: the CPU cores that process is pinned to
-  # ('1' or '2,3'; '': any).
+  # learner's process, when a step asks), 'thread' (a sampler thread of the
+  # learner's process, `max_staleness` steps ahead: its device work and
+  # host work (rewards, sandbox runs) overlap the learner's update) or
+  # 'process' (a sampler process of its own, as far ahead, the weights sent
+  # through host memory after each update). `rollout_cpus`: the CPU cores
+  # that process is pinned to ('1' or '2,3'; '': any).
   rollout_worker: str = 'inline'
   rollout_cpus: str = ''
+  # The sampler's own devices ('inline' and 'thread'): the last
+  # `rollout_devices` of the run's, on a mesh of `rollout_mesh`'s shape
+  # ('data=-1' or 'data=2,expert=2': the stage mesh's axes, one of them
+  # -1); the learner's mesh (`mesh`) takes the others, and the weight sync
+  # copies the sampler's weights onto them device to device. 0: the
+  # sampler runs on the learner's devices.
+  rollout_devices: int = 0
+  rollout_mesh: str = 'data=-1'
   # Continuous batching (`rollout.generate_continuous`; on a mesh the rows
   # split over the batch axes, rounded up to a multiple of them): a
   # single-turn step's rollouts decode `sample_slots` rows at a time, a
@@ -176,6 +187,23 @@ class RLConfig:
              jnp.dtype(learner_dtype).itemsize and
              jnp.dtype(compute_dtype).itemsize >= 4 and not self.max_staleness)
     return 'none' if exact else self.behaviour_correction
+
+  def rollout_mesh_shape(self) -> dict[str, int]:
+    """`rollout_mesh` as a mesh shape: 'data=2,expert=2' -> {'data': 2,
+    'expert': 2}."""
+    shape = {}
+    for part in str(self.rollout_mesh).split(','):
+      axis, _, size = (x.strip() for x in part.partition('='))
+      try:
+        shape[axis] = int(size)
+      except ValueError:
+        shape[axis] = 0
+      if not shape[axis] or axis not in sharding.MESH_AXES:
+        raise ValueError(
+            f'rl.rollout_mesh: {self.rollout_mesh!r} is not a mesh shape '
+            f"such as 'data=-1' or 'data=2,expert=2' (axes "
+            f'{sharding.MESH_AXES}, one size -1)')
+    return shape
 
   @property
   def sample_config(self) -> rollout.SampleConfig:
@@ -237,6 +265,16 @@ class RLConfig:
     if cpus and self.rollout_worker != 'process':
       raise ValueError("rl.rollout_cpus pins the sampler process: it needs "
                        "rl.rollout_worker='process'")
+    if self.rollout_devices < 0:
+      raise ValueError(f'rl.rollout_devices must be >= 0 (0: the learner\'s '
+                       f'devices), got {self.rollout_devices}')
+    if self.rollout_devices and self.rollout_worker == 'process':
+      raise ValueError(
+          "rl.rollout_devices splits this process's devices between the "
+          "learner and the sampler: it needs rl.rollout_worker 'thread' or "
+          "'inline' (a sampler process sees the devices its environment "
+          'gives it)')
+    self.rollout_mesh_shape()   # a malformed shape is named now
     if not self.capacity_headroom >= 0.0:
       raise ValueError(f'rl.capacity_headroom must be >= 0 (0: the first '
                        f'batch\'s own load), got {self.capacity_headroom}')

@@ -13,6 +13,15 @@ one and resumes exactly.
   the last k + 1 weight versions and samples step t from its version: the
   decoupled schedule without the overlap (a reference the process worker
   is tested against).
+- `ThreadRollouts` (`rl.rollout_worker='thread'`) runs collection in a
+  sampler thread of the learner's process, `max_staleness` steps ahead:
+  XLA runs a program without the GIL, so the sampler's programs and its
+  host work (rewards, sandbox runs) overlap the learner's update. With
+  `rl.rollout_devices` = n (inline or thread) the sampler has devices of
+  its own, the last n of the run's on a mesh of `rl.rollout_mesh`'s shape,
+  and the learner's mesh the others; after each update the weight sync
+  casts the weights on the learner's devices and copies them onto the
+  sampler's, device to device (no host crossing).
 - `ProcessRollouts` (`rl.rollout_worker='process'`) runs collection (sample,
   score, filter, refill) in a sampler process of its own, which generates
   step t + 1 .. t + k's rollouts while the learner updates on step t. After
@@ -36,11 +45,13 @@ again samples nothing twice and ends where an uninterrupted run ends.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import pickle
 import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -53,6 +64,25 @@ from flax import nnx
 from cascade_jax import model as model_lib
 from cascade_jax import utils
 from cascade_jax.rl._batch import RLBatch
+
+
+def split_devices(n: int, devices=None):
+  """(the learner's devices, the sampler's) for `rl.rollout_devices` = n:
+  the sampler takes the last n of `devices` (default: the run's), the
+  learner the others; (None, None) for 0 (one set of devices for both)."""
+  if not n:
+    return None, None
+  devices = list(jax.devices() if devices is None else devices)
+  if jax.process_count() > 1:
+    raise ValueError(
+        f'rl.rollout_devices={n} splits one process\'s devices; this run '
+        f'has {jax.process_count()} processes (rollout_devices=0 on a '
+        'multi-host run)')
+  if n >= len(devices):
+    raise ValueError(
+        f'rl.rollout_devices={n} leaves the learner none of the run\'s '
+        f'{len(devices)} device(s): at most {len(devices) - 1}')
+  return devices[:-n], devices[-n:]
 
 
 def policy_version(step: int, max_staleness: int, floor: int = 0) -> int:
@@ -130,6 +160,27 @@ def prune_pending(workdir: str, keep_steps) -> None:
 
 
 Collect = Callable[[nnx.Module, int], tuple[RLBatch, dict]]
+# The weight sync's copy of a sampler model onto the sampler's own devices.
+Place = Callable[[nnx.Module], nnx.Module]
+
+
+def own_model(sampler, state, place: Place | None = None, *,
+              keep: bool = True) -> tuple[nnx.Module, float]:
+  """The sampler's model of `state`, and the weight sync's seconds.
+
+  `place`: the model copied onto the sampler's own devices (done when this
+  returns). Otherwise, where the sampler reads the learner's own arrays and
+  keeps them past the next update (`keep`), which donates them, a copy on
+  the learner's devices."""
+  t0 = time.perf_counter()
+  model = sampler.model(state)
+  if place is not None:
+    model = place(model)
+  elif keep and not sampler.copies(state):
+    graph, tree = nnx.split(model)
+    model = nnx.merge(graph, jax.block_until_ready(
+        jax.tree.map(jnp.copy, tree)))
+  return model, time.perf_counter() - t0
 
 
 class InlineRollouts:
@@ -141,12 +192,14 @@ class InlineRollouts:
     sampler: the stage's `SamplerWeights`.
     max_staleness: k.
     steps: the stage's steps (nothing is sampled past them).
+    place: the sampler's model copied onto its own devices
+      (`rl.rollout_devices`; None: it samples on the learner's).
   """
 
   def __init__(self, collect: Collect, stream, sampler, max_staleness: int,
-               steps: int):
+               steps: int, *, place: Place | None = None):
     self._collect, self.stream, self.sampler = collect, stream, sampler
-    self.k, self.steps = max_staleness, steps
+    self.k, self.steps, self.place = max_staleness, steps, place
     self._models: dict[int, nnx.Module] = {}
     self._ready: dict[int, Rollout] = {}
     self._floor = 0
@@ -161,12 +214,9 @@ class InlineRollouts:
 
   def publish(self, version: int, state) -> None:
     """The weights after `version` updates are the sampler's from now."""
-    model = self.sampler.model(state)
-    self.last_sync_s = self.sampler.last_sync_s
-    if self.k:   # kept past the next update, which donates the learner's
-      graph, tree = nnx.split(model)
-      model = nnx.merge(graph, jax.tree.map(jnp.copy, tree))
-    self._models[version] = model
+    # Kept past the next update (k > 0), which donates the learner's arrays.
+    self._models[version], self.last_sync_s = own_model(
+        self.sampler, state, self.place, keep=bool(self.k))
     for v in [v for v in self._models if v < version - self.k]:
       del self._models[v]
 
@@ -194,6 +244,187 @@ class InlineRollouts:
     self._models.clear()
 
 
+# ------------------------------------------------------------------- ahead
+
+
+def sample_ahead(collect: Collect, stream, model_of, *, first: int,
+                 floor: int, steps: int, k: int, inbox, outbox,
+                 alive: Callable[[], bool], cpu_clock=time.process_time
+                 ) -> None:
+  """A sampler worker's loop (thread or process): weights in (`('weights',
+  version, w)` on `inbox`, `model_of(w)` the model), each step's rollouts
+  out in order from `first` (`('batch', Rollout)` on `outbox`), each by its
+  `policy_version`. Returns on `('stop',)` or when `alive()` turns False
+  while it waits."""
+  models = {}
+  for step in range(first, steps):
+    version = policy_version(step, k, floor)
+    while version not in models:
+      try:
+        msg = inbox.get(timeout=5.0)
+      except queue.Empty:
+        if not alive():   # nobody reads what it would send
+          return
+        continue
+      if msg[0] == 'stop':
+        return
+      models[msg[1]] = msg[2]
+    for v in [v for v in models if v < version]:
+      del models[v]
+    t0, c0 = time.perf_counter(), cpu_clock()
+    batch, stats = collect(model_of(models[version]), step)
+    outbox.put(('batch', Rollout(step, version, batch, stats,
+                                 stream.position,
+                                 cpu_s=cpu_clock() - c0,
+                                 wall_s=time.perf_counter() - t0)))
+
+
+class _Ahead:
+  """A sampler worker `max_staleness` steps ahead of the learner: the
+  batches it sends, read in step order."""
+
+  what = 'worker'
+
+  def __init__(self, sampler, max_staleness: int, steps: int,
+               timeout_s: float):
+    self.sampler, self.k, self.steps = sampler, max_staleness, steps
+    self.timeout_s = timeout_s
+    self._ready: dict[int, Rollout] = {}
+    self._first = 0       # the step (weights version) the run started at
+    self.last_sync_s = 0.0
+    self.wait_s = 0.0     # the learner's last wait for a batch
+
+  def _alive(self) -> bool:
+    raise NotImplementedError
+
+  def _sends(self, version: int) -> bool:
+    """Whether version `version`'s weights sample any step: version v
+    samples steps v + k, or from the first step on for the first version a
+    run starts with."""
+    if version != self._first and version + self.k >= self.steps:
+      self.last_sync_s = 0.0
+      return False
+    return True
+
+  def _receive(self) -> Rollout:
+    t0 = time.monotonic()
+    while True:
+      try:
+        msg = self._from.get(timeout=1.0)
+        break
+      except queue.Empty:
+        if not self._alive():
+          raise RuntimeError(f'rl: the sampler {self.what} ended without a '
+                             f'batch{self._exit()}') from None
+        if time.monotonic() - t0 > self.timeout_s:
+          raise TimeoutError(f'rl: no batch from the sampler {self.what} in '
+                             f'{self.timeout_s:.0f} s') from None
+    if msg[0] == 'error':
+      raise RuntimeError(f'rl: the sampler {self.what} failed:\n{msg[1]}')
+    return msg[1]
+
+  def _exit(self) -> str:
+    return ''
+
+  def _until(self, step: int) -> None:
+    while step not in self._ready:
+      r = self._receive()
+      self._ready[r.step] = r
+
+  def get(self, step: int) -> Rollout:
+    t0 = time.perf_counter()
+    self._until(step)
+    self.wait_s = time.perf_counter() - t0
+    return self._ready.pop(step)
+
+  def pending(self, step: int) -> list[Rollout]:
+    for s in range(step, min(step + self.k, self.steps)):
+      self._until(s)
+    return [self._ready[s] for s in sorted(self._ready) if s >= step]
+
+
+# ------------------------------------------------------------------ thread
+
+
+class ThreadRollouts(_Ahead):
+  """Collection in a sampler thread of the learner's process,
+  `max_staleness` steps ahead.
+
+  XLA runs a program without holding the GIL, so the sampler's programs
+  (on its own devices, `place`, or beside the learner's on theirs) and
+  its host work (rewards, sandbox runs, tokenizing) overlap the learner's
+  update. The weights move once a step, as a model (`own_model`): on its
+  own devices a device-to-device copy, no host crossing.
+
+  Args:
+    collect: (sampler model, step) -> (batch, stats), built for the
+      sampler's devices (`_stage.sampler_side`).
+    stream: the sampler's prompt stream (each batch records its position).
+    sampler: the stage's `SamplerWeights`.
+    max_staleness: k.
+    steps: the stage's steps.
+    place: the sampler's model copied onto its own devices (None: it
+      samples on the learner's).
+    device: the sampler thread's default device (its devices' first).
+    timeout_s: the longest wait for one batch before the learner gives up.
+  """
+
+  what = 'thread'
+
+  def __init__(self, collect: Collect, stream, sampler, max_staleness: int,
+               steps: int, *, place: Place | None = None, device=None,
+               timeout_s: float = 3600.0):
+    super().__init__(sampler, max_staleness, steps, timeout_s)
+    self._collect, self.stream, self.place = collect, stream, place
+    self.device = device
+    self._thread = None
+    self._stop = threading.Event()
+
+  def start(self, step: int, state, pending: list[Rollout], position: int
+            ) -> None:
+    self._to, self._from = queue.Queue(), queue.Queue()
+    self._ready = {r.step: r for r in pending}
+    self._first = step
+    self.stream.position = position
+    self._thread = threading.Thread(
+        target=self._main, kwargs=dict(first=step + len(pending), floor=step),
+        name='cascade-rl-sampler', daemon=True)
+    self._thread.start()
+    self.publish(step, state)
+
+  def _main(self, first: int, floor: int) -> None:
+    try:
+      # The thread's own placements (keys, prompts) on the sampler's
+      # devices: JAX's default device is per thread.
+      with (jax.default_device(self.device) if self.device is not None
+            else contextlib.nullcontext()):
+        sample_ahead(self._collect, self.stream, lambda m: m, first=first,
+                     floor=floor, steps=self.steps, k=self.k, inbox=self._to,
+                     outbox=self._from,
+                     alive=lambda: not self._stop.is_set(),
+                     cpu_clock=time.thread_time)
+    except BaseException:  # pylint: disable=broad-except
+      self._from.put(('error', traceback.format_exc()))
+
+  def publish(self, version: int, state) -> None:
+    if self._sends(version):
+      model, self.last_sync_s = own_model(self.sampler, state, self.place)
+      self._to.put(('weights', version, model))
+
+  def _alive(self) -> bool:
+    return self._thread is not None and self._thread.is_alive()
+
+  def close(self) -> None:
+    """Stops the sampler thread once its step in hand is done (a thread
+    cannot be ended from outside; it is a daemon, gone with the process)."""
+    if self._thread is None:
+      return
+    self._stop.set()
+    self._to.put(('stop',))
+    self._thread.join(timeout=60.0)
+    self._thread = None
+
+
 # ----------------------------------------------------------------- process
 
 
@@ -208,7 +439,7 @@ def _weights(sampler, state) -> tuple[list[np.ndarray], float]:
   return [np.asarray(x) for x in jax.tree.leaves(tree)], time.perf_counter() - t0
 
 
-class ProcessRollouts:
+class ProcessRollouts(_Ahead):
   """Collection in a sampler process of its own, `max_staleness` steps ahead.
 
   Args:
@@ -222,6 +453,8 @@ class ProcessRollouts:
     timeout_s: the longest wait for one batch before the learner gives up.
   """
 
+  what = 'process'
+
   def __init__(self, config, workdir: str, sampler, max_staleness: int,
                steps: int, *, cpus: tuple[int, ...] | None = None,
                timeout_s: float = 3600.0):
@@ -230,14 +463,9 @@ class ProcessRollouts:
           "rl.rollout_worker='process' runs one sampler process beside one "
           f'learner process; this run has {jax.process_count()} processes '
           "(use rollout_worker='inline' on a multi-host run)")
-    self.config, self.workdir, self.sampler = config, workdir, sampler
-    self.k, self.steps, self.cpus, self.timeout_s = (max_staleness, steps,
-                                                     cpus, timeout_s)
-    self._ready: dict[int, Rollout] = {}
+    super().__init__(sampler, max_staleness, steps, timeout_s)
+    self.config, self.workdir, self.cpus = config, workdir, cpus
     self._proc = None
-    self._first = 0       # the step (weights version) the run started at
-    self.last_sync_s = 0.0
-    self.wait_s = 0.0     # the learner's last wait for a batch
 
   def start(self, step: int, state, pending: list[Rollout], position: int
             ) -> None:
@@ -257,47 +485,15 @@ class ProcessRollouts:
     self.publish(step, state)
 
   def publish(self, version: int, state) -> None:
-    # Version v samples steps v + k, or from the first step on for the
-    # first version a run starts with.
-    if version != self._first and version + self.k >= self.steps:
-      self.last_sync_s = 0.0
-      return
-    leaves, self.last_sync_s = _weights(self.sampler, state)
-    self._to.put(('weights', version, leaves))
+    if self._sends(version):
+      leaves, self.last_sync_s = _weights(self.sampler, state)
+      self._to.put(('weights', version, leaves))
 
-  def _receive(self) -> Rollout:
-    t0 = time.monotonic()
-    while True:
-      try:
-        msg = self._from.get(timeout=1.0)
-        break
-      except queue.Empty:
-        if not self._proc.is_alive():
-          raise RuntimeError(
-              f'rl: the sampler process died (exit code '
-              f'{self._proc.exitcode}) without a batch') from None
-        if time.monotonic() - t0 > self.timeout_s:
-          raise TimeoutError(f'rl: no batch from the sampler process in '
-                             f'{self.timeout_s:.0f} s') from None
-    if msg[0] == 'error':
-      raise RuntimeError(f'rl: the sampler process failed:\n{msg[1]}')
-    return msg[1]
+  def _alive(self) -> bool:
+    return self._proc.is_alive()
 
-  def _until(self, step: int) -> None:
-    while step not in self._ready:
-      r = self._receive()
-      self._ready[r.step] = r
-
-  def get(self, step: int) -> Rollout:
-    t0 = time.perf_counter()
-    self._until(step)
-    self.wait_s = time.perf_counter() - t0
-    return self._ready.pop(step)
-
-  def pending(self, step: int) -> list[Rollout]:
-    for s in range(step, min(step + self.k, self.steps)):
-      self._until(s)
-    return [self._ready[s] for s in sorted(self._ready) if s >= step]
+  def _exit(self) -> str:
+    return f' (it died, exit code {self._proc.exitcode})'
 
   def close(self) -> None:
     """Stops the sampler process (reading what it still sends, so that it
@@ -326,25 +522,10 @@ def _worker_loop(job, inbox, outbox) -> None:
   config = ml_collections.ConfigDict(job['config'])
   collect, stream, model_of = _stage.sampler_side(config, job['workdir'])
   stream.position = job['position']
-  k, models, parent = job['k'], {}, os.getppid()
-  for step in range(job['first'], job['steps']):
-    version = policy_version(step, k, job['floor'])
-    while version not in models:
-      try:
-        msg = inbox.get(timeout=5.0)
-      except queue.Empty:
-        if os.getppid() != parent:   # the learner was killed: nobody reads
-          outbox.cancel_join_thread()
-          return
-        continue
-      if msg[0] == 'stop':
-        return
-      models[msg[1]] = msg[2]
-    for v in [v for v in models if v < version]:
-      del models[v]
-    t0, c0 = time.perf_counter(), time.process_time()
-    batch, stats = collect(model_of(models[version]), step)
-    outbox.put(('batch', Rollout(step, version, batch, stats,
-                                 stream.position,
-                                 cpu_s=time.process_time() - c0,
-                                 wall_s=time.perf_counter() - t0)))
+  parent = os.getppid()
+  sample_ahead(collect, stream, model_of, first=job['first'],
+               floor=job['floor'], steps=job['steps'], k=job['k'],
+               inbox=inbox, outbox=outbox,
+               alive=lambda: os.getppid() == parent)
+  if os.getppid() != parent:   # the learner was killed: nobody reads
+    outbox.cancel_join_thread()

@@ -44,16 +44,19 @@ from cascade_jax.rl._sync import SamplerWeights
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) one RL stage; returns the final eval scores."""
-  setup = train.Setup.create(config, workdir, name='rl')
-  _, policy, tok = setup.restore(config.init_from, record=True)
   rc = RLConfig(**config.rl.to_dict())
+  # `rl.rollout_devices`: the sampler's own devices, the learner's mesh
+  # over the others.
+  devices, sampler_devices = _decoupled.split_devices(rc.rollout_devices)
+  setup = train.Setup.create(config, workdir, name='rl', devices=devices)
+  _, policy, tok = setup.restore(config.init_from, record=True)
   opt = train.make_optimizer(train.OptimConfig(**config.optim.to_dict()))
   graph, state = setup.init_state(policy, opt)
   learner = _learner(config, setup, graph, policy, opt, rc)
   data = _stage_data(config)
   # A sampler process scores its own rollouts (and loads any reward model).
-  rewards = (_rewards(config, setup, data.domains, rc)
-             if rc.rollout_worker == 'inline' else None)
+  rewards = (None if rc.rollout_worker == 'process' or sampler_devices else
+             _rewards(config, setup, data.domains, rc))
   state, start, pending = _resume(setup, state, data.stream, learner)
   # Rows past the checkpoint were written by the run that was killed: the
   # steps after it run again and write them anew.
@@ -63,8 +66,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     _evaluate(graph, state, tok, data.evals, writer, 0, config)
   progress = metrics_lib.Progress(config.steps, label=f'rl:{rc.algorithm}',
                                   start=start)
+  # On devices of its own the sampler's layout is made on its mesh (the
+  # learner's side only casts).
   sampler = SamplerWeights(graph, rc.sampler_dtype, ctx=setup.ctx,
-                           layout=rc.sampler_layout,
+                           layout=('train' if sampler_devices else
+                                   rc.sampler_layout),
                            weight_layout=rc.sampler_weight_layout)
   correction = learner.correction(state)
   if sampler.copies(state):
@@ -75,7 +81,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     print(f'[rl] the loss corrects for the sampler '
           f'({correction}): the model computes in '
           f'{learner.model_cfg(state).dtype} or rollouts may be stale')
-  source = _rollouts(config, setup, rc, sampler, tok, data, rewards)
+  source = _rollouts(config, setup, rc, sampler, tok, data, rewards,
+                     sampler_devices)
   source.start(start, state, pending, data.stream.position)
   try:
     for step in range(start, config.steps):
@@ -89,12 +96,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       m = dict(step_metrics(ro.stats), **m, **ro.stats['reward_metrics'])
       if batch.learn:
         m['train_s'] = t2 - t1
-      if sampler.copies(state) or rc.rollout_worker == 'process':
+      ahead = rc.rollout_worker != 'inline'
+      if sampler.copies(state) or ahead or sampler_devices:
         m['weight_sync_s'] = source.last_sync_s
-      if rc.max_staleness or rc.rollout_worker == 'process':
+      if rc.max_staleness or ahead:
         m.update(policy_staleness=step - ro.version, stale_dropped=stale,
                  rollout_wait_s=t1 - t0, sampler_wall_s=ro.wall_s)
-      if rc.rollout_worker == 'process':
+      if ahead:
         m['sampler_cpu_s'] = ro.cpu_s
       m['step_s'] = time.perf_counter() - t0
       _log(writer, progress, step + 1, m, config)
@@ -266,43 +274,79 @@ def _collector(config, rc: RLConfig, tok, data: _Data, rewards: _Rewards):
 
 
 def _rollouts(config, setup, rc: RLConfig, sampler: SamplerWeights, tok,
-              data: _Data, rewards: _Rewards):
-  """The stage's rollout source (`_decoupled`: inline or a sampler process)."""
+              data: _Data, rewards: _Rewards, sampler_devices=None):
+  """The stage's rollout source (`_decoupled`): inline, a sampler thread or
+  a sampler process, the first two on the sampler's own devices where
+  `sampler_devices`."""
+  if rc.rollout_worker == 'process':
+    cpus = tuple(int(c) for c in str(rc.rollout_cpus).split(',')
+                 if c.strip())
+    print(f'[rl] rollouts from a sampler process, at most '
+          f'{rc.max_staleness} update(s) behind' +
+          (f', on CPU cores {cpus}' if cpus else ''))
+    return _decoupled.ProcessRollouts(config, setup.workdir, sampler,
+                                      rc.max_staleness, config.steps,
+                                      cpus=cpus)
+  place = device = None
+  if sampler_devices:
+    device = sampler_devices[0]
+    with jax.default_device(device):   # its reward model's placement
+      collect_step, stream, model_of = sampler_side(config, setup.workdir,
+                                                    sampler_devices)
+    stream.position = data.stream.position
+
+    def place(model):
+      _, params, rest = nnx.split(model, nnx.Param, ...)
+      return jax.block_until_ready(model_of(jax.tree.leaves(
+          model_lib.split_layers((params, rest)))))
+    print(f'[rl] the sampler on devices of its own: '
+          f'{[d.id for d in sampler_devices]} (rl.rollout_mesh '
+          f'{rc.rollout_mesh}), the learner on the others')
+  else:
+    collect_step, stream = (_collector(config, rc, tok, data, rewards),
+                            data.stream)
   if rc.rollout_worker == 'inline':
-    return _decoupled.InlineRollouts(_collector(config, rc, tok, data, rewards),
-                                     data.stream, sampler, rc.max_staleness,
-                                     config.steps)
-  cpus = tuple(int(c) for c in str(rc.rollout_cpus).split(',') if c.strip())
-  print(f'[rl] rollouts from a sampler process, at most {rc.max_staleness} '
-        'update(s) behind' + (f', on CPU cores {cpus}' if cpus else ''))
-  return _decoupled.ProcessRollouts(config, setup.workdir, sampler,
-                                    rc.max_staleness, config.steps, cpus=cpus)
+    return _decoupled.InlineRollouts(collect_step, stream, sampler,
+                                     rc.max_staleness, config.steps,
+                                     place=place)
+  print(f'[rl] rollouts from a sampler thread, at most {rc.max_staleness} '
+        'update(s) behind')
+  return _decoupled.ThreadRollouts(collect_step, stream, sampler,
+                                   rc.max_staleness, config.steps,
+                                   place=place, device=device)
 
 
-def sampler_side(config, workdir: str):
-  """What a sampler process builds from the stage's config, as the stage
+def sampler_side(config, workdir: str, devices=None):
+  """What a sampler worker builds from the stage's config, as the stage
   does: (collect (model, step), prompt stream, model of the weights the
-  learner sends (host arrays, `jax.tree.leaves((params, rest))` of the
-  sampler's copy, one array a layer: `model.split_layers`))."""
-  # The learner's mesh and the sampler's layout on it, as the stage's
-  # inline sampler has them (the same programs, so the same draws).
-  ctx = train.mesh_ctx(config)
+  learner sends (`jax.tree.leaves((params, rest))` of the sampler's copy,
+  one array a layer: `model.split_layers`; host arrays or arrays on other
+  devices, each placed as the sampler's model holds it)).
+
+  `devices`: the sampler's own (`rl.rollout_devices`), on a mesh of
+  `rl.rollout_mesh`'s shape; None: the run's, on the stage's mesh, as the
+  stage's inline sampler has them (the same programs, so the same draws)."""
+  rc = RLConfig(**config.rl.to_dict())
+  ctx = (train.mesh_ctx(config) if devices is None else
+         train.mesh_ctx(config, devices, rc.rollout_mesh_shape()))
   setup = train.Setup(config, workdir, 'rl-sampler', ctx,
                       train.memory_overrides(config), ckpt=None)
   cfg, _, tok = train.model_shell(setup.path(config.init_from),
                                   memory=setup.memory)
-  rc = RLConfig(**config.rl.to_dict())
   data = _stage_data(config, evals=False)
   rewards = _rewards(config, setup, data.domains, rc)
   graph, params, rest = sampler_state(
       cfg, rc.sampler_dtype, sampler_ctx(cfg, ctx, rc.sampler_layout))
   tree = model_lib.split_layers((params, rest))   # one array a layer
   target, treedef = jax.tree.flatten(tree)
+  places = [getattr(t, 'sharding', None) for t in target]
+  if devices is not None and ctx is None:   # its one device
+    places = [jax.sharding.SingleDeviceSharding(devices[0])] * len(target)
 
   def model_of(leaves):
     p, r = jax.tree.unflatten(treedef, [
-        jax.device_put(x, getattr(t, 'sharding', None))
-        for x, t in zip(leaves, target, strict=True)])
+        jax.device_put(x, where)
+        for x, where in zip(leaves, places, strict=True)])
     return nnx.merge(graph, p, r)
   return _collector(config, rc, tok, data, rewards), data.stream, model_of
 

@@ -74,14 +74,18 @@ def memory_overrides(config) -> dict:
   return out
 
 
-def mesh_ctx(config) -> sharding.ShardingCtx | None:
-  """The stage's mesh and rules; None on one device (or with no `mesh`)."""
-  shape = dict(config.mesh.to_dict()) if config.get('mesh') else {}
+def mesh_ctx(config, devices=None, shape=None) -> sharding.ShardingCtx | None:
+  """The stage's mesh and rules over `devices` (default: all the run's); None
+  on one device (or with no `mesh`). `shape`: another mesh shape than the
+  config's `mesh` (an RL stage's sampler on devices of its own)."""
+  if shape is None:
+    shape = dict(config.mesh.to_dict()) if config.get('mesh') else {}
   rules = sharding.rules_from_config(
       config.rules.to_dict() if config.get('rules') else None)
-  if not shape or jax.device_count() == 1:
+  count = jax.device_count() if devices is None else len(devices)
+  if not shape or count == 1:
     return None
-  return sharding.ShardingCtx(sharding.make_mesh(shape), rules)
+  return sharding.ShardingCtx(sharding.make_mesh(shape, devices), rules)
 
 
 def is_main_process() -> bool:
@@ -118,7 +122,9 @@ class Setup:
 
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, workdir: str, *,
-             name: str) -> 'Setup':
+             name: str, devices=None) -> 'Setup':
+    """The stage's set-up, its mesh over `devices` (default: all; the first
+    of them is the default device, where a one-device stage runs)."""
     os.makedirs(workdir, exist_ok=True)
     if is_main_process():
       # `root` locates the cascade: not part of what the stage is.
@@ -127,13 +133,13 @@ class Setup:
         del saved['root']
       with open(os.path.join(workdir, 'config.json'), 'w') as f:
         f.write(saved.to_json_best_effort(indent=2))
-    ctx = mesh_ctx(config)
+    ctx = mesh_ctx(config, devices)
     ckpt = checkpoint.Checkpointer(
         os.path.join(workdir, 'checkpoints'),
         max_to_keep=config.get('keep_checkpoints', 3))
     if ctx is not None:
       print(f'[{name}] mesh {dict(ctx.mesh.shape)} over '
-            f'{jax.device_count()} devices, {jax.process_count()} '
+            f'{ctx.mesh.devices.size} devices, {jax.process_count()} '
             'process(es)', flush=True)
     return cls(config, workdir, name, ctx, memory_overrides(config), ckpt)
 
