@@ -102,7 +102,8 @@ class Rollout:
   batch: RLBatch
   stats: dict
   position: int         # the prompt stream's position after it
-  cpu_s: float = 0.0    # the sampler process's CPU seconds for it
+  cpu_s: float = 0.0    # the sampler process's CPU seconds for it (0 from
+                        # a thread, whose XLA work runs on XLA's threads)
   wall_s: float = 0.0   # its collection's wall time
 
 
@@ -402,7 +403,7 @@ class ThreadRollouts(_Ahead):
                      floor=floor, steps=self.steps, k=self.k, inbox=self._to,
                      outbox=self._from,
                      alive=lambda: not self._stop.is_set(),
-                     cpu_clock=time.thread_time)
+                     cpu_clock=lambda: 0.0)
     except BaseException:  # pylint: disable=broad-except
       self._from.put(('error', traceback.format_exc()))
 

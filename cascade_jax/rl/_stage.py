@@ -102,7 +102,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if rc.max_staleness or ahead:
         m.update(policy_staleness=step - ro.version, stale_dropped=stale,
                  rollout_wait_s=t1 - t0, sampler_wall_s=ro.wall_s)
-      if ahead:
+      if rc.rollout_worker == 'process':   # a thread's XLA runs on a pool
         m['sampler_cpu_s'] = ro.cpu_s
       m['step_s'] = time.perf_counter() - t0
       _log(writer, progress, step + 1, m, config)
