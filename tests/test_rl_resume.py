@@ -45,6 +45,8 @@ def _command(workdir, sft_dir, algorithm):
     cmd += ['--config.rl.pack_width=64']
   if algorithm == 'decoupled':   # GRPO from a sampler process, 1 step ahead
     cmd += ['--config.rl.max_staleness=1', '--config.rl.rollout_worker=process']
+  if algorithm == 'decoupled_thread':   # from a sampler thread, 1 step ahead
+    cmd += ['--config.rl.max_staleness=1', '--config.rl.rollout_worker=thread']
   return cmd
 
 
@@ -79,7 +81,8 @@ def _final_state(workdir, sft_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('algorithm', ['grpo', 'mopd', 'decoupled', 'packed'])
+@pytest.mark.parametrize('algorithm', ['grpo', 'mopd', 'decoupled',
+                                       'decoupled_thread', 'packed'])
 def test_a_killed_rl_stage_resumes_bit_identically(sft_dir, tmp_path,
                                                    algorithm):
   whole, cut = str(tmp_path / 'whole'), str(tmp_path / 'cut')
