@@ -280,3 +280,17 @@ def test_decoupled_thread_resumes_where_an_uninterrupted_run_ends(sft_dir,
   again = _run(sft_dir, tmp_path / 'a', 'thread', 1, steps=4,
                rollout_devices=4)
   assert _same(again) == _same(whole)
+
+
+@pytest.mark.slow  # ~20 s, not the default (one set of devices): CI runs it
+def test_decoupled_thread_on_an_expert_parallel_mesh_of_its_own_is_on_policy(
+    sft_dir, tmp_path, capsys):
+  # The sampler's weights in the inference layout on its own mesh (experts
+  # split over its expert axis), the learner's in the training layout on
+  # the others: fresh weights score what they drew at every step.
+  rows = _run(sft_dir, tmp_path / 'ep', 'thread', 0, steps=3,
+              rollout_devices=4, rollout_mesh='data=2,expert=2')
+  assert [r['policy_staleness'] for r in rows] == [0, 0, 0]
+  assert all(r['sampler_mismatch_max'] < 1e-5 for r in rows)
+  assert all(r['weight_sync_s'] > 0 for r in rows[:-1])
+  assert 'rl.rollout_mesh data=2,expert=2' in capsys.readouterr().out
