@@ -293,7 +293,6 @@ def _rollouts(config, setup, rc: RLConfig, sampler: SamplerWeights, tok,
     with jax.default_device(device):   # its reward model's placement
       collect_step, stream, model_of = sampler_side(config, setup.workdir,
                                                     sampler_devices)
-    stream.position = data.stream.position
 
     def place(model):
       _, params, rest = nnx.split(model, nnx.Param, ...)
