@@ -294,3 +294,42 @@ def test_decoupled_thread_on_an_expert_parallel_mesh_of_its_own_is_on_policy(
   assert all(r['sampler_mismatch_max'] < 1e-5 for r in rows)
   assert all(r['weight_sync_s'] > 0 for r in rows[:-1])
   assert 'rl.rollout_mesh data=2,expert=2' in capsys.readouterr().out
+
+
+def test_decoupled_sampler_keeps_no_array_the_next_update_donates():
+  # A sampler model kept past the next update (staleness > 0, or a thread)
+  # must hold none of the learner's arrays, which that update donates:
+  # the learner's own (a sampler that copies nothing) and any a weight
+  # sync passed through unchanged are copied; its fresh arrays are not.
+  import types  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  graph, params, rest = nnx.split(nnx.Linear(3, 2, rngs=nnx.Rngs(0)),
+                                  nnx.Param, ...)
+  state = types.SimpleNamespace(params=params, rest=rest)
+  learner = {id(x) for x in jax.tree.leaves((params, rest))}
+
+  class Sampler:   # SamplerWeights' interface
+    def __init__(self, fresh):
+      self.fresh = fresh
+
+    def model(self, s):
+      p = s.params
+      if self.fresh:   # a sync that writes the kernel anew, passes the bias
+        p = jax.tree.map(lambda x: x, p)
+        p['kernel'] = nnx.Param(p['kernel'].value.astype(jnp.bfloat16))
+      return nnx.merge(graph, p, s.rest)
+
+    def copies(self, s):
+      return self.fresh
+
+  ids = lambda m: [id(x) for x in jax.tree.leaves(nnx.state(m))]
+  for fresh in (False, True):
+    kept, _ = _decoupled.own_model(Sampler(fresh), state, keep=True)
+    assert not set(ids(kept)) & learner, fresh
+    values = jax.tree.leaves(nnx.state(kept))
+    np.testing.assert_array_equal(values[0], params['bias'].value)
+    shared, _ = _decoupled.own_model(Sampler(fresh), state, keep=False)
+    assert (set(ids(shared)) & learner) == ({id(params['bias'].value)}
+                                            if fresh else learner)

@@ -188,6 +188,32 @@ class RLConfig:
              jnp.dtype(compute_dtype).itemsize >= 4 and not self.max_staleness)
     return 'none' if exact else self.behaviour_correction
 
+  def _check_rollout_worker(self):
+    """`rollout_worker`, `rollout_cpus`, `rollout_devices`, `rollout_mesh`."""
+    if self.rollout_worker not in ROLLOUT_WORKERS:
+      raise ValueError(f'rl.rollout_worker: {self.rollout_worker!r} not in '
+                       f'{ROLLOUT_WORKERS}')
+    try:
+      cpus = [int(c) for c in str(self.rollout_cpus).split(',') if c.strip()]
+    except ValueError:
+      cpus = [-1]
+    if any(c < 0 for c in cpus):
+      raise ValueError(f'rl.rollout_cpus: {self.rollout_cpus!r} is not a '
+                       "comma-separated list of CPU core numbers ('1', '2,3')")
+    if cpus and self.rollout_worker != 'process':
+      raise ValueError("rl.rollout_cpus pins the sampler process: it needs "
+                       "rl.rollout_worker='process'")
+    if self.rollout_devices < 0:
+      raise ValueError(f'rl.rollout_devices must be >= 0 (0: the learner\'s '
+                       f'devices), got {self.rollout_devices}')
+    if self.rollout_devices and self.rollout_worker == 'process':
+      raise ValueError(
+          "rl.rollout_devices splits this process's devices between the "
+          "learner and the sampler: it needs rl.rollout_worker 'thread' or "
+          "'inline' (a sampler process sees the devices its environment "
+          'gives it)')
+    self.rollout_mesh_shape()   # a malformed shape is named now
+
   def rollout_mesh_shape(self) -> dict[str, int]:
     """`rollout_mesh` as a mesh shape: 'data=2,expert=2' -> {'data': 2,
     'expert': 2}."""
@@ -252,29 +278,7 @@ class RLConfig:
     if self.episode_slots < 0:
       raise ValueError(f'rl.episode_slots must be >= 0 (0: one fixed batch), '
                        f'got {self.episode_slots}')
-    if self.rollout_worker not in ROLLOUT_WORKERS:
-      raise ValueError(f'rl.rollout_worker: {self.rollout_worker!r} not in '
-                       f'{ROLLOUT_WORKERS}')
-    try:
-      cpus = [int(c) for c in str(self.rollout_cpus).split(',') if c.strip()]
-    except ValueError:
-      cpus = [-1]
-    if any(c < 0 for c in cpus):
-      raise ValueError(f'rl.rollout_cpus: {self.rollout_cpus!r} is not a '
-                       "comma-separated list of CPU core numbers ('1', '2,3')")
-    if cpus and self.rollout_worker != 'process':
-      raise ValueError("rl.rollout_cpus pins the sampler process: it needs "
-                       "rl.rollout_worker='process'")
-    if self.rollout_devices < 0:
-      raise ValueError(f'rl.rollout_devices must be >= 0 (0: the learner\'s '
-                       f'devices), got {self.rollout_devices}')
-    if self.rollout_devices and self.rollout_worker == 'process':
-      raise ValueError(
-          "rl.rollout_devices splits this process's devices between the "
-          "learner and the sampler: it needs rl.rollout_worker 'thread' or "
-          "'inline' (a sampler process sees the devices its environment "
-          'gives it)')
-    self.rollout_mesh_shape()   # a malformed shape is named now
+    self._check_rollout_worker()
     if not self.capacity_headroom >= 0.0:
       raise ValueError(f'rl.capacity_headroom must be >= 0 (0: the first '
                        f'batch\'s own load), got {self.capacity_headroom}')

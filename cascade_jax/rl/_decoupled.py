@@ -170,17 +170,19 @@ def own_model(sampler, state, place: Place | None = None, *,
   """The sampler's model of `state`, and the weight sync's seconds.
 
   `place`: the model copied onto the sampler's own devices (done when this
-  returns). Otherwise, where the sampler reads the learner's own arrays and
-  keeps them past the next update (`keep`), which donates them, a copy on
-  the learner's devices."""
+  returns). Otherwise, where the sampler keeps the model past the next
+  update (`keep`), which donates the learner's arrays, each of its arrays
+  that is one of the learner's (all where the sampler reads the learner's
+  own; any a sync passed through unchanged) is copied on its devices."""
   t0 = time.perf_counter()
   model = sampler.model(state)
   if place is not None:
     model = place(model)
-  elif keep and not sampler.copies(state):
+  elif keep:
+    learners = {id(x) for x in jax.tree.leaves((state.params, state.rest))}
     graph, tree = nnx.split(model)
-    model = nnx.merge(graph, jax.block_until_ready(
-        jax.tree.map(jnp.copy, tree)))
+    model = nnx.merge(graph, jax.block_until_ready(jax.tree.map(
+        lambda x: jnp.copy(x) if id(x) in learners else x, tree)))
   return model, time.perf_counter() - t0
 
 
