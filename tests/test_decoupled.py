@@ -220,6 +220,7 @@ def test_rollout_devices_split_and_config_errors():
       'data': 2, 'expert': 2}
 
 
+@pytest.mark.slow  # ~30 s, not the default (max_staleness 0, inline; its failure and unit tests stay): CI runs it
 def test_decoupled_thread_on_devices_of_its_own_follows_the_schedule(
     sft_dir, tmp_path, capsys):
   # The learner on devices 0-3 (the stage's mesh, data=-1), the sampler
