@@ -220,6 +220,17 @@ def test_rollout_devices_split_and_config_errors():
       'data': 2, 'expert': 2}
 
 
+
+def test_decoupled_thread_and_device_split_refuse_a_multi_host_run(
+    monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with pytest.raises(ValueError, match="'thread' runs in one process"):
+    rl.ThreadRollouts(None, None, None, 1, 4)
+  with pytest.raises(ValueError, match="splits one process's devices"):
+    rl.split_devices(2)
+
+
 @pytest.mark.slow  # ~30 s, not the default (max_staleness 0, inline; its failure and unit tests stay): CI runs it
 def test_decoupled_thread_on_devices_of_its_own_follows_the_schedule(
     sft_dir, tmp_path, capsys):

@@ -377,6 +377,15 @@ class ThreadRollouts(_Ahead):
   def __init__(self, collect: Collect, stream, sampler, max_staleness: int,
                steps: int, *, place: Place | None = None, device=None,
                timeout_s: float = 3600.0):
+    if jax.process_count() > 1:
+      # Each process's two threads would launch their programs in an order
+      # of their own, and a collective program launched in different
+      # orders on different hosts can wait forever.
+      raise ValueError(
+          "rl.rollout_worker='thread' runs in one process: on a run of "
+          f'{jax.process_count()} processes the sampler\'s and the '
+          "learner's programs would reach the hosts in different orders "
+          "(use rollout_worker='inline' on a multi-host run)")
     super().__init__(sampler, max_staleness, steps, timeout_s)
     self._collect, self.stream, self.place = collect, stream, place
     self.device = device
