@@ -216,6 +216,8 @@ def test_rollout_devices_split_and_config_errors():
   for bad in ('data', 'data=two', 'pipeline=2', 'data=0'):
     with pytest.raises(ValueError, match='is not a mesh shape'):
       rl.RLConfig(rollout_mesh=bad)
+  with pytest.raises(ValueError, match="names 'data' twice"):
+    rl.RLConfig(rollout_mesh='data=2,data=4')
   assert rl.RLConfig(rollout_mesh='data=2, expert=2').rollout_mesh_shape() == {
       'data': 2, 'expert': 2}
 

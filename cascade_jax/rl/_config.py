@@ -220,6 +220,9 @@ class RLConfig:
     shape = {}
     for part in str(self.rollout_mesh).split(','):
       axis, _, size = (x.strip() for x in part.partition('='))
+      if axis in shape:
+        raise ValueError(f'rl.rollout_mesh: {self.rollout_mesh!r} names '
+                         f'{axis!r} twice')
       try:
         shape[axis] = int(size)
       except ValueError:

@@ -123,8 +123,9 @@ class Setup:
   @classmethod
   def create(cls, config: ml_collections.ConfigDict, workdir: str, *,
              name: str, devices=None) -> 'Setup':
-    """The stage's set-up, its mesh over `devices` (default: all; the first
-    of them is the default device, where a one-device stage runs)."""
+    """The stage's set-up, its mesh over `devices` (default: all). A
+    one-device stage (no mesh) runs on JAX's default device: `devices`
+    then begin with it (an RL stage's learner takes the first ones)."""
     os.makedirs(workdir, exist_ok=True)
     if is_main_process():
       # `root` locates the cascade: not part of what the stage is.
