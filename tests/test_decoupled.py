@@ -222,7 +222,6 @@ def test_rollout_devices_split_and_config_errors():
       'data': 2, 'expert': 2}
 
 
-
 def test_decoupled_thread_and_device_split_refuse_a_multi_host_run(
     monkeypatch):
   import jax  # pylint: disable=g-import-not-at-top

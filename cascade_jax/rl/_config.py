@@ -193,14 +193,7 @@ class RLConfig:
     if self.rollout_worker not in ROLLOUT_WORKERS:
       raise ValueError(f'rl.rollout_worker: {self.rollout_worker!r} not in '
                        f'{ROLLOUT_WORKERS}')
-    try:
-      cpus = [int(c) for c in str(self.rollout_cpus).split(',') if c.strip()]
-    except ValueError:
-      cpus = [-1]
-    if any(c < 0 for c in cpus):
-      raise ValueError(f'rl.rollout_cpus: {self.rollout_cpus!r} is not a '
-                       "comma-separated list of CPU core numbers ('1', '2,3')")
-    if cpus and self.rollout_worker != 'process':
+    if self.rollout_cpu_list() and self.rollout_worker != 'process':
       raise ValueError("rl.rollout_cpus pins the sampler process: it needs "
                        "rl.rollout_worker='process'")
     if self.rollout_devices < 0:
@@ -213,6 +206,18 @@ class RLConfig:
           "'inline' (a sampler process sees the devices its environment "
           'gives it)')
     self.rollout_mesh_shape()   # a malformed shape is named now
+
+  def rollout_cpu_list(self) -> tuple[int, ...]:
+    """`rollout_cpus` as core numbers: '2,3' -> (2, 3); '' -> ()."""
+    try:
+      cpus = tuple(int(c) for c in str(self.rollout_cpus).split(',')
+                   if c.strip())
+    except ValueError:
+      cpus = (-1,)
+    if any(c < 0 for c in cpus):
+      raise ValueError(f'rl.rollout_cpus: {self.rollout_cpus!r} is not a '
+                       "comma-separated list of CPU core numbers ('1', '2,3')")
+    return cpus
 
   def rollout_mesh_shape(self) -> dict[str, int]:
     """`rollout_mesh` as a mesh shape: 'data=2,expert=2' -> {'data': 2,

@@ -45,6 +45,7 @@ again samples nothing twice and ends where an uninterrupted run ends.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import multiprocessing
@@ -282,7 +283,7 @@ def sample_ahead(collect: Collect, stream, model_of, *, first: int,
                                  wall_s=time.perf_counter() - t0)))
 
 
-class _Ahead:
+class _Ahead(abc.ABC):
   """A sampler worker `max_staleness` steps ahead of the learner: the
   batches it sends, read in step order."""
 
@@ -297,8 +298,14 @@ class _Ahead:
     self.last_sync_s = 0.0
     self.wait_s = 0.0     # the learner's last wait for a batch
 
-  def _alive(self) -> bool:
-    raise NotImplementedError
+  @abc.abstractmethod
+  def _gone(self) -> str | None:
+    """None while the worker runs; what became of it once it has ended."""
+
+  def _begin(self, step: int, pending: list[Rollout]) -> None:
+    """A run starting at `step` with the rollouts sampled ahead for it."""
+    self._ready = {r.step: r for r in pending}
+    self._first = step
 
   def _sends(self, version: int) -> bool:
     """Whether version `version`'s weights sample any step: version v
@@ -316,18 +323,16 @@ class _Ahead:
         msg = self._from.get(timeout=1.0)
         break
       except queue.Empty:
-        if not self._alive():
+        gone = self._gone()
+        if gone:
           raise RuntimeError(f'rl: the sampler {self.what} ended without a '
-                             f'batch{self._exit()}') from None
+                             f'batch ({gone})') from None
         if time.monotonic() - t0 > self.timeout_s:
           raise TimeoutError(f'rl: no batch from the sampler {self.what} in '
                              f'{self.timeout_s:.0f} s') from None
     if msg[0] == 'error':
       raise RuntimeError(f'rl: the sampler {self.what} failed:\n{msg[1]}')
     return msg[1]
-
-  def _exit(self) -> str:
-    return ''
 
   def _until(self, step: int) -> None:
     while step not in self._ready:
@@ -395,8 +400,7 @@ class ThreadRollouts(_Ahead):
   def start(self, step: int, state, pending: list[Rollout], position: int
             ) -> None:
     self._to, self._from = queue.Queue(), queue.Queue()
-    self._ready = {r.step: r for r in pending}
-    self._first = step
+    self._begin(step, pending)
     self.stream.position = position
     self._thread = threading.Thread(
         target=self._main, kwargs=dict(first=step + len(pending), floor=step),
@@ -423,8 +427,8 @@ class ThreadRollouts(_Ahead):
       model, self.last_sync_s = own_model(self.sampler, state, self.place)
       self._to.put(('weights', version, model))
 
-  def _alive(self) -> bool:
-    return self._thread is not None and self._thread.is_alive()
+  def _gone(self) -> str | None:
+    return None if self._thread and self._thread.is_alive() else 'it ended'
 
   def close(self) -> None:
     """Stops the sampler thread once its step in hand is done (a thread
@@ -483,8 +487,7 @@ class ProcessRollouts(_Ahead):
             ) -> None:
     ctx = multiprocessing.get_context('spawn')
     self._to, self._from = ctx.Queue(), ctx.Queue()
-    self._ready = {r.step: r for r in pending}
-    self._first = step
+    self._begin(step, pending)
     job = dict(config=self.config.to_dict(), workdir=self.workdir,
                first=step + len(pending), floor=step, position=position,
                k=self.k,
@@ -501,11 +504,9 @@ class ProcessRollouts(_Ahead):
       leaves, self.last_sync_s = _weights(self.sampler, state)
       self._to.put(('weights', version, leaves))
 
-  def _alive(self) -> bool:
-    return self._proc.is_alive()
-
-  def _exit(self) -> str:
-    return f' (it died, exit code {self._proc.exitcode})'
+  def _gone(self) -> str | None:
+    return (None if self._proc.is_alive() else
+            f'it died, exit code {self._proc.exitcode}')
 
   def close(self) -> None:
     """Stops the sampler process (reading what it still sends, so that it

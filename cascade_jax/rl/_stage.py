@@ -84,6 +84,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   source = _rollouts(config, setup, rc, sampler, tok, data, rewards,
                      sampler_devices)
   source.start(start, state, pending, data.stream.position)
+  ahead = rc.rollout_worker != 'inline'   # a sampler runs ahead of the steps
   try:
     for step in range(start, config.steps):
       t0 = time.perf_counter()
@@ -96,7 +97,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       m = dict(step_metrics(ro.stats), **m, **ro.stats['reward_metrics'])
       if batch.learn:
         m['train_s'] = t2 - t1
-      ahead = rc.rollout_worker != 'inline'
       if sampler.copies(state) or ahead or sampler_devices:
         m['weight_sync_s'] = source.last_sync_s
       if rc.max_staleness or ahead:
@@ -279,8 +279,7 @@ def _rollouts(config, setup, rc: RLConfig, sampler: SamplerWeights, tok,
   a sampler process, the first two on the sampler's own devices where
   `sampler_devices`."""
   if rc.rollout_worker == 'process':
-    cpus = tuple(int(c) for c in str(rc.rollout_cpus).split(',')
-                 if c.strip())
+    cpus = rc.rollout_cpu_list()
     print(f'[rl] rollouts from a sampler process, at most '
           f'{rc.max_staleness} update(s) behind' +
           (f', on CPU cores {cpus}' if cpus else ''))
