@@ -222,6 +222,25 @@ def test_rollout_devices_split_and_config_errors():
       'data': 2, 'expert': 2}
 
 
+def test_rollout_devices_that_leave_the_step_unsplittable_fail_at_set_up(
+    sft_dir, tmp_path, monkeypatch):
+  # 3 of the 8 devices to the sampler leaves the learner 5, which do not
+  # split the quick config's 4 x 4 rollouts: named before the stage builds
+  # its sampler or evaluates anything (the first step found it before).
+  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+
+  def never(*args, **kwargs):
+    raise AssertionError('the stage got past its set-up')
+  monkeypatch.setattr(_stage, '_evaluate', never)
+  monkeypatch.setattr(_stage, '_rollouts', never)
+  with pytest.raises(ValueError, match=(
+      r"a step's 16 rollouts .* do not split over the learner's 5 devices "
+      r'on its batch axes \(the run\'s devices less '
+      r'rl.rollout_devices=3\): make the rollouts a multiple of 5')):
+    _run(sft_dir, tmp_path / 'run', 'thread', 1, rollout_devices=3,
+         prompts_per_step=4, rollouts_per_prompt=4)
+
+
 def test_decoupled_thread_and_device_split_refuse_a_multi_host_run(
     monkeypatch):
   import jax  # pylint: disable=g-import-not-at-top

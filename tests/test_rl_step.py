@@ -326,6 +326,19 @@ def test_micro_batches_must_split_the_batch(setup):
   graph, state = train.init_state(m, _optimizer())
   with pytest.raises(ValueError, match='micro_batches=4 must split'):
     rl.Learner(graph, _optimizer(), c).step(state, batch)
+  # The stage asks before any work, with the step's row count.
+  with pytest.raises(ValueError, match='micro_batches=4 must split'):
+    rl.Learner(graph, _optimizer(), c).check_rows(6)
+  with pytest.raises(ValueError, match="6 rollouts .* over the learner's 4 "
+                     'devices on its batch axes: make the rollouts a '
+                     'multiple of 4'):
+    rl.Learner(graph, _optimizer(), c, rows_multiple=4).check_rows(6)
+  packed = dataclasses.replace(c, micro_batches=2, pack_width=64)
+  with pytest.raises(ValueError, match=r'2 devices .* x 2 micro-batches '
+                     r'\(packed\): make the rollouts a multiple of 4'):
+    rl.Learner(graph, _optimizer(), packed, rows_multiple=2).check_rows(6)
+  rl.Learner(graph, _optimizer(), dataclasses.replace(c, micro_batches=3),
+             rows_multiple=2).check_rows(6)
 
 
 def test_micro_batch_rows_are_strided():

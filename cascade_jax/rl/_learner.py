@@ -404,6 +404,25 @@ class Learner:
     return 'none' if not dtypes else self.cfg.correction(
         max(dtypes, key=lambda d: d.itemsize), self.model_cfg(state).dtype)
 
+  def check_rows(self, rows: int, where: str = '') -> None:
+    """A clear error, before any work, unless a step's `rows` rollouts
+    (rl.prompts_per_step x rl.rollouts_per_prompt) split as its update
+    will split them: over the learner's devices (`rows_multiple`; times
+    the micro-batches when packing) and into updates and micro-batches.
+    `where`: what chose the devices, for the message."""
+    multiple = self.rows_multiple * (self.cfg.micro_batches
+                                     if self.cfg.pack_width else 1)
+    if rows % multiple:
+      raise ValueError(
+          f'rl: a step\'s {rows} rollouts (rl.prompts_per_step x '
+          f'rl.rollouts_per_prompt) do not split over the learner\'s '
+          f'{self.rows_multiple} devices on its batch axes' + (
+              f' x {self.cfg.micro_batches} micro-batches (packed)'
+              if multiple != self.rows_multiple else '') + where +
+          f': make the rollouts a multiple of {multiple}')
+    if not self.cfg.pack_width:
+      self.parts(rows)
+
   def parts(self, rows: int, packed: bool = False) -> list[np.ndarray]:
     """Row indices of each micro-batch of each update (the MoE capacity
     must fit the largest)."""

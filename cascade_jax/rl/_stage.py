@@ -53,6 +53,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   opt = train.make_optimizer(train.OptimConfig(**config.optim.to_dict()))
   graph, state = setup.init_state(policy, opt)
   learner = _learner(config, setup, graph, policy, opt, rc)
+  learner.check_rows(rc.prompts_per_step * rc.rollouts_per_prompt, where=(
+      f' (the run\'s devices less rl.rollout_devices={rc.rollout_devices})'
+      if sampler_devices else ''))
   data = _stage_data(config)
   # A sampler process scores its own rollouts (and loads any reward model).
   rewards = (None if rc.rollout_worker == 'process' or sampler_devices else
