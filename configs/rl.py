@@ -47,8 +47,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # policy of t - max_staleness updates (0: strictly on-policy), trained
   # with the decoupled objective; rollout_worker 'thread' samples them in a
   # thread of the learner's process while the learner updates, 'process'
-  # in a process of its own (rollout_cpus: its cores), 'inline' when a step
-  # asks; rollout_devices: the sampler's own devices (the run's last n, on
+  # in a process of its own (rollout_cpus: its cores; on several hosts one
+  # a host, their own jax.distributed run at rollout_coordinator, '': the
+  # learner's coordinator port + 1; rollout_env: its environment, e.g.
+  # 'CUDA_VISIBLE_DEVICES=4,5,6,7'), 'inline' when a step asks; rollout_devices: the sampler's own devices (the run's last n, on
   # a mesh of rollout_mesh's shape, e.g. 'data=2,expert=2'; 0: the
   # learner's; inline or thread). capacity_headroom: the
   # stage's first update sizes the learner's MoE capacity for that much
@@ -67,7 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       sampler_layout='inference', sampler_weight_layout='auto',
       behaviour_correction='tis', tis_cap=2.0,
       verifier_reward='graded', max_staleness=0, rollout_worker='inline',
-      rollout_cpus='', rollout_devices=0, rollout_mesh='data=-1',
+      rollout_cpus='', rollout_coordinator='', rollout_env='',
+      rollout_devices=0,
+      rollout_mesh='data=-1',
       sample_slots=0, episode_slots=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,

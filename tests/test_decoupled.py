@@ -251,6 +251,114 @@ def test_decoupled_thread_and_device_split_refuse_a_multi_host_run(
     rl.split_devices(2)
 
 
+def test_decoupled_weight_sync_shards_place_where_the_sampler_mirrors():
+  # On several hosts each learner process sends its own sampler process
+  # its shards (`Shards`), which it places at the same indices on its mesh;
+  # a mesh that does not mirror the learner's is named, not mis-assembled.
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  devs = np.array(jax.devices())
+  learner = Mesh(devs[:4].reshape(2, 2), ('data', 'expert'))
+  sampler = Mesh(devs[4:].reshape(2, 2), ('data', 'expert'))
+  want = np.arange(48, dtype=np.float32).reshape(4, 12)
+  x = jax.device_put(want, NamedSharding(learner, P('expert', None)))
+  sent = _decoupled.Shards.local(x)
+  assert sorted(sent.blocks) == [((0, 2), (0, 12)), ((2, 4), (0, 12))]
+  got = sent.place(NamedSharding(sampler, P('expert', None)))
+  assert got.sharding.mesh == sampler
+  np.testing.assert_array_equal(np.asarray(got), want)
+  with pytest.raises(ValueError, match="does not mirror the learner's"):
+    sent.place(NamedSharding(sampler, P(None, 'data')))
+  # Its own run beside the learner's: the coordinator's port + 1, or named.
+  assert rl.sampler_cluster() is None    # one process
+  with pytest.raises(ValueError, match='rl.rollout_coordinator: .* with '
+                     "rl.rollout_worker='process'"):
+    rl.RLConfig(rollout_coordinator='10.0.0.1:1235')
+  with pytest.raises(ValueError, match="'host:port'"):
+    rl.RLConfig(rollout_worker='process', rollout_coordinator='10.0.0.1')
+  # Its environment (its own accelerators).
+  assert rl.RLConfig(
+      rollout_worker='process',
+      rollout_env='CUDA_VISIBLE_DEVICES=4,5,6,7; XLA_FLAGS=--a=1 --b',
+  ).rollout_env_vars() == {'CUDA_VISIBLE_DEVICES': '4,5,6,7',
+                           'XLA_FLAGS': '--a=1 --b'}
+  with pytest.raises(ValueError, match="'GPUS' in 'GPUS' is not KEY=VALUE"):
+    rl.RLConfig(rollout_worker='process', rollout_env='GPUS')
+  with pytest.raises(ValueError, match="rollout_env is the sampler process's"):
+    rl.RLConfig(rollout_env='A=1')
+
+
+def test_decoupled_sampler_processes_on_several_hosts_form_their_own_run(
+    monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  monkeypatch.setattr(distributed.global_state, 'coordinator_address',
+                      '10.0.0.1:1234')
+  assert rl.sampler_cluster() == dict(
+      coordinator_address='10.0.0.1:1235', num_processes=2, process_id=1,
+      local_devices=jax.local_device_count())
+  assert rl.sampler_cluster('10.0.0.2:9000')['coordinator_address'] == (
+      '10.0.0.2:9000')
+  monkeypatch.setattr(distributed.global_state, 'coordinator_address', None)
+  with pytest.raises(ValueError, match='give the sampler processes.* own as '
+                     'rl.rollout_coordinator'):
+    rl.sampler_cluster()
+
+
+@pytest.mark.slow  # ~100 s: four processes; CI runs it
+def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
+    sft_dir, tmp_path):
+  # Two learner processes of 4 CPU devices (one data 2 x expert 4 mesh),
+  # each with a sampler process beside it, the samplers a jax.distributed
+  # run of their own on a mirrored mesh, each fed its learner's shards of
+  # the weights: the same batches and updates as the one-process schedule
+  # sampled inline by the two learner processes.
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
+
+  def run(name, *args):
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, os.path.join(root, 'tests', '_decoupled_worker.py'),
+         str(tmp_path / f'{name}.json'), str(i), '2', str(port), sft_dir,
+         str(tmp_path / name), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    return [p.communicate(timeout=900)[0] for p in procs], [
+        p.returncode for p in procs]
+
+  rows = {}
+  for worker in ('inline', 'process'):
+    logs, codes = run(worker, worker)
+    assert codes == [0, 0], logs[0][-4000:] + logs[1][-4000:]
+    with open(tmp_path / f'{worker}.json') as f:
+      rows[worker] = json.load(f)
+  assert 'rollouts from a sampler process' in logs[0]
+  assert '[distributed] process 1 of 2 (flags): 4 local / 8 devices' in logs[1]
+  assert '[rl] the sampler process: 4 cpu device(s) of 8' in logs[1]
+  assert len(rows['process']) == 3
+  assert _same(rows['process']) == _same(rows['inline'])
+  assert [r['policy_staleness'] for r in rows['process']] == [0, 1, 1]
+  assert rows['process'][0]['sampler_mismatch_max'] < 1e-5
+  # Samplers given other devices (rl.rollout_env) than their learners: the
+  # meshes cannot mirror, and every learner process says why.
+  logs, codes = run('unmirrored', 'process',
+                    'XLA_FLAGS=--xla_force_host_platform_device_count=2')
+  assert codes[0] != 0 and codes[1] != 0
+  for log in logs:
+    assert ('has 2 devices and its learner process 4: on several hosts the '
+            "sampler's mesh mirrors the learner's") in log, log[-4000:]
+
+
 @pytest.mark.slow  # ~30 s, not the default (max_staleness 0, inline; its failure and unit tests stay): CI runs it
 def test_decoupled_thread_on_devices_of_its_own_follows_the_schedule(
     sft_dir, tmp_path, capsys):

@@ -23,6 +23,8 @@ from cascade_jax.rl._config import RLConfig
 from cascade_jax.rl._decoupled import InlineRollouts
 from cascade_jax.rl._decoupled import policy_version
 from cascade_jax.rl._decoupled import ProcessRollouts
+from cascade_jax.rl._decoupled import sampler_cluster
+from cascade_jax.rl._decoupled import Shards
 from cascade_jax.rl._decoupled import Rollout
 from cascade_jax.rl._decoupled import split_devices
 from cascade_jax.rl._decoupled import ThreadRollouts

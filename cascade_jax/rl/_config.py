@@ -133,9 +133,21 @@ class RLConfig:
   # host work (rewards, sandbox runs) overlap the learner's update) or
   # 'process' (a sampler process of its own, as far ahead, the weights sent
   # through host memory after each update). `rollout_cpus`: the CPU cores
-  # that process is pinned to ('1' or '2,3'; '': any).
+  # that process is pinned to ('1' or '2,3'; '': any). On a run of several
+  # processes each learner process starts a sampler process on its host,
+  # and the samplers form a jax.distributed run of their own, coordinated
+  # at `rollout_coordinator` ('host:port'; '': the learner's coordinator's
+  # host, its port + 1); their mesh mirrors the learner's (the stage's
+  # `mesh`, as many devices on each host), so each learner process sends
+  # its own sampler its own shards of the weights. `rollout_env`:
+  # environment variables the sampler process starts with, set before its
+  # XLA starts ('CUDA_VISIBLE_DEVICES=4,5,6,7;XLA_PYTHON_CLIENT_PREALLOCATE=
+  # false'): its own accelerators, where the learner's process was started
+  # with the others.
   rollout_worker: str = 'inline'
   rollout_cpus: str = ''
+  rollout_coordinator: str = ''
+  rollout_env: str = ''
   # The sampler's own devices ('inline' and 'thread'): the last
   # `rollout_devices` of the run's, on a mesh of `rollout_mesh`'s shape
   # ('data=-1' or 'data=2,expert=2': the stage mesh's axes, one of them
@@ -204,8 +216,18 @@ class RLConfig:
           "rl.rollout_devices splits this process's devices between the "
           "learner and the sampler: it needs rl.rollout_worker 'thread' or "
           "'inline' (a sampler process sees the devices its environment "
-          'gives it)')
+          'gives it: rl.rollout_env)')
     self.rollout_mesh_shape()   # a malformed shape is named now
+    if self.rollout_env_vars() and self.rollout_worker != 'process':
+      raise ValueError("rl.rollout_env is the sampler process's environment: "
+                       "it needs rl.rollout_worker='process'")
+    if self.rollout_coordinator and (
+        self.rollout_worker != 'process' or
+        not str(self.rollout_coordinator).rpartition(':')[2].isdigit()):
+      raise ValueError(
+          f'rl.rollout_coordinator: {self.rollout_coordinator!r}: the '
+          "'host:port' of the sampler processes' own run, with "
+          "rl.rollout_worker='process'")
 
   def rollout_cpu_list(self) -> tuple[int, ...]:
     """`rollout_cpus` as core numbers: '2,3' -> (2, 3); '' -> ()."""
@@ -218,6 +240,21 @@ class RLConfig:
       raise ValueError(f'rl.rollout_cpus: {self.rollout_cpus!r} is not a '
                        "comma-separated list of CPU core numbers ('1', '2,3')")
     return cpus
+
+  def rollout_env_vars(self) -> dict[str, str]:
+    """`rollout_env` as a dict: 'A=1;B=x,y' -> {'A': '1', 'B': 'x,y'}."""
+    out = {}
+    for item in str(self.rollout_env).split(';'):
+      if not item.strip():
+        continue
+      key, eq, value = item.partition('=')
+      if not eq or not key.strip().isidentifier():
+        raise ValueError(
+            f'rl.rollout_env: {item!r} in {self.rollout_env!r} is not '
+            "KEY=VALUE (items separated by ';', e.g. "
+            "'CUDA_VISIBLE_DEVICES=4,5,6,7')")
+      out[key.strip()] = value
+    return out
 
   def rollout_mesh_shape(self) -> dict[str, int]:
     """`rollout_mesh` as a mesh shape: 'data=2,expert=2' -> {'data': 2,

@@ -29,7 +29,13 @@ one and resumes exactly.
   `rl.sampler_dtype`) through host memory; the weight sync moves the model's
   parameters once a step, learner to sampler, and the batches move back
   (host arrays: tokens, masks, log-probs, routing). `rl.rollout_cpus` pins
-  the sampler process to those CPU cores (before its XLA starts).
+  the sampler process to those CPU cores and `rl.rollout_env` sets its
+  environment (its own accelerators), both before its XLA starts. On a
+  run of several processes each learner process starts one beside it; the
+  sampler processes form a jax.distributed run of their own
+  (`sampler_cluster`) on a mesh that mirrors the learner's, and each is
+  sent its learner process's shards of the weights (`Shards`): nothing
+  crosses between hosts.
 
 Every batch records the version it was sampled with; a batch older than
 the bound (a checkpoint's queued rollouts resumed under a smaller
@@ -77,8 +83,9 @@ def split_devices(n: int, devices=None):
   if jax.process_count() > 1:
     raise ValueError(
         f'rl.rollout_devices={n} splits one process\'s devices; this run '
-        f'has {jax.process_count()} processes (rollout_devices=0 on a '
-        'multi-host run)')
+        f'has {jax.process_count()} processes (on several hosts '
+        "rollout_worker='process' gives each host's sampler devices of its "
+        'own, through its environment)')
   if n >= len(devices):
     raise ValueError(
         f'rl.rollout_devices={n} leaves the learner none of the run\'s '
@@ -385,12 +392,14 @@ class ThreadRollouts(_Ahead):
     if jax.process_count() > 1:
       # Each process's two threads would launch their programs in an order
       # of their own, and a collective program launched in different
-      # orders on different hosts can wait forever.
+      # orders on different hosts can wait forever; on disjoint meshes too,
+      # on the CPU's gloo collectives (docs/results/decoupled_2026-12-06/
+      # multihost_probe: two threads' all-reduces on two meshes hung).
       raise ValueError(
           "rl.rollout_worker='thread' runs in one process: on a run of "
           f'{jax.process_count()} processes the sampler\'s and the '
           "learner's programs would reach the hosts in different orders "
-          "(use rollout_worker='inline' on a multi-host run)")
+          "(use rollout_worker='process': a sampler process a host)")
     super().__init__(sampler, max_staleness, steps, timeout_s)
     self._collect, self.stream, self.place = collect, stream, place
     self.device = device
@@ -444,15 +453,60 @@ class ThreadRollouts(_Ahead):
 # ----------------------------------------------------------------- process
 
 
-def _weights(sampler, state) -> tuple[list[np.ndarray], float]:
-  """The sampler's copy of the weights as host arrays, and the seconds."""
+@dataclasses.dataclass
+class Shards:
+  """One process's part of a global array that spans several processes:
+  its shards by their index (`index_key`), as host arrays. The sampler
+  process on the same host places them on its own devices at the same
+  indices (`place`): its mesh mirrors the learner's."""
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  blocks: dict[tuple, np.ndarray]
+
+  @classmethod
+  def local(cls, x: jax.Array) -> Shards:
+    blocks = {}
+    for s in x.addressable_shards:   # a replicated block once
+      key = index_key(s.index, x.shape)
+      if key not in blocks:
+        blocks[key] = np.asarray(s.data)
+    return cls(tuple(x.shape), np.dtype(x.dtype), blocks)
+
+  def place(self, sharding: jax.sharding.Sharding) -> jax.Array:
+    """This process's shards on `sharding`'s devices of this process."""
+    def block(index):
+      key = index_key(index, self.shape)
+      if key not in self.blocks:
+        raise ValueError(
+            f'rl: the sampler process holds block {key} of a {self.shape} '
+            'weight, which its learner process does not: the sampler\'s '
+            'mesh does not mirror the learner\'s (the same mesh shape, and '
+            f'as many devices on each host; held: {sorted(self.blocks)})')
+      return self.blocks[key]
+    return jax.make_array_from_callback(self.shape, sharding, block)
+
+
+def index_key(index: tuple, shape: tuple[int, ...]) -> tuple:
+  """A shard's index (slices) as ((start, stop), ...) per dimension."""
+  return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+
+
+def _weights(sampler, state) -> tuple[list, float]:
+  """The sampler's copy of the weights as host arrays (`Shards` of this
+  process's part where a weight spans several processes), and the seconds."""
   t0 = time.perf_counter()
   model = sampler.model(state)
   _, params, rest = nnx.split(model, nnx.Param, ...)
   # One array a layer (the weight sync's layout; a learner's stacked arrays,
   # where nothing was copied, split on the host), as `sampler_side` takes them.
-  tree = model_lib.split_layers(jax.device_get((params, rest)))
-  return [np.asarray(x) for x in jax.tree.leaves(tree)], time.perf_counter() - t0
+  if jax.process_count() == 1:
+    tree = model_lib.split_layers(jax.device_get((params, rest)))
+    leaves = [np.asarray(x) for x in jax.tree.leaves(tree)]
+  else:
+    leaves = [x if not isinstance(x, jax.Array) else
+              np.asarray(x) if x.is_fully_addressable else Shards.local(x)
+              for x in jax.tree.leaves(model_lib.split_layers((params, rest)))]
+  return leaves, time.perf_counter() - t0
 
 
 class ProcessRollouts(_Ahead):
@@ -466,6 +520,9 @@ class ProcessRollouts(_Ahead):
     max_staleness: k.
     steps: the stage's steps.
     cpus: CPU cores the sampler process is pinned to (None: any).
+    coordinator: on several processes, 'host:port' of the sampler
+      processes' own jax.distributed run ('': `sampler_cluster`'s default).
+    env: environment variables the sampler process starts with.
     timeout_s: the longest wait for one batch before the learner gives up.
   """
 
@@ -473,14 +530,12 @@ class ProcessRollouts(_Ahead):
 
   def __init__(self, config, workdir: str, sampler, max_staleness: int,
                steps: int, *, cpus: tuple[int, ...] | None = None,
+               coordinator: str = '', env: dict[str, str] | None = None,
                timeout_s: float = 3600.0):
-    if jax.process_count() > 1:
-      raise ValueError(
-          "rl.rollout_worker='process' runs one sampler process beside one "
-          f'learner process; this run has {jax.process_count()} processes '
-          "(use rollout_worker='inline' on a multi-host run)")
     super().__init__(sampler, max_staleness, steps, timeout_s)
     self.config, self.workdir, self.cpus = config, workdir, cpus
+    self.env = dict(env or {})
+    self.cluster = sampler_cluster(coordinator)
     self._proc = None
 
   def start(self, step: int, state, pending: list[Rollout], position: int
@@ -491,7 +546,8 @@ class ProcessRollouts(_Ahead):
     job = dict(config=self.config.to_dict(), workdir=self.workdir,
                first=step + len(pending), floor=step, position=position,
                k=self.k,
-               steps=self.steps, cpus=self.cpus,
+               steps=self.steps, cpus=self.cpus, cluster=self.cluster,
+               env=self.env,
                settings=utils.jax_settings())
     self._proc = ctx.Process(target=_worker_main, args=(job, self._to,
                                                         self._from),
@@ -517,16 +573,62 @@ class ProcessRollouts(_Ahead):
     self._proc = None
 
 
+def sampler_cluster(coordinator: str = '') -> dict | None:
+  """On a run of several processes, the jax.distributed run the sampler
+  processes form (one a host, beside each learner process): its
+  coordinator (`coordinator`, or the learner's coordinator's host at its
+  port + 1), size and this process's index in it, and the local devices
+  the sampler's mesh must mirror. None on one process."""
+  if jax.process_count() == 1:
+    return None
+  if not coordinator:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    host, _, port = (distributed.global_state.coordinator_address or
+                     '').rpartition(':')
+    if not port.isdigit():
+      raise ValueError(
+          'rl: the learner\'s jax.distributed coordinator is not known here; '
+          "give the sampler processes' own as rl.rollout_coordinator "
+          "('host:port')")
+    coordinator = f'{host}:{int(port) + 1}'
+  return dict(coordinator_address=coordinator,
+              num_processes=jax.process_count(),
+              process_id=jax.process_index(),
+              local_devices=jax.local_device_count())
+
+
 def _worker_main(job: dict, inbox, outbox) -> None:
   """The sampler process: weights in, one step's rollouts out, in order."""
   try:
+    os.environ.update(job['env'])   # before XLA starts, as the affinity
     if job['cpus']:
-      os.sched_setaffinity(0, set(job['cpus']))   # before XLA starts
+      os.sched_setaffinity(0, set(job['cpus']))
     utils.apply_jax_settings(job['settings'])
+    if job['cluster']:
+      _join_cluster(job['cluster'])
+    print(f'[rl] the sampler process: {jax.local_device_count()} '
+          f'{jax.default_backend()} device(s) of {jax.device_count()}' + (
+              f', environment {job["env"]}' if job['env'] else ''),
+          flush=True)
     _worker_loop(job, inbox, outbox)
   except BaseException:  # pylint: disable=broad-except
     outbox.put(('error', traceback.format_exc()))
     raise
+
+
+def _join_cluster(cluster: dict) -> None:
+  """The sampler processes' own jax.distributed run (one process a host),
+  each with as many devices as its learner process (the meshes mirror)."""
+  utils.initialize_distributed(
+      'on', coordinator_address=cluster['coordinator_address'],
+      num_processes=cluster['num_processes'],
+      process_id=cluster['process_id'])
+  if jax.local_device_count() != cluster['local_devices']:
+    raise ValueError(
+        f'rl: sampler process {cluster["process_id"]} has '
+        f'{jax.local_device_count()} devices and its learner process '
+        f'{cluster["local_devices"]}: on several hosts the sampler\'s mesh '
+        'mirrors the learner\'s (each process its learner\'s shards)')
 
 
 def _worker_loop(job, inbox, outbox) -> None:

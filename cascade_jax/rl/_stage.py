@@ -52,10 +52,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   _, policy, tok = setup.restore(config.init_from, record=True)
   opt = train.make_optimizer(train.OptimConfig(**config.optim.to_dict()))
   graph, state = setup.init_state(policy, opt)
-  learner = _learner(config, setup, graph, policy, opt, rc)
-  learner.check_rows(rc.prompts_per_step * rc.rollouts_per_prompt, where=(
-      f' (the run\'s devices less rl.rollout_devices={rc.rollout_devices})'
-      if sampler_devices else ''))
+  learner = _learner(config, setup, graph, policy, opt, rc,
+                     split=bool(sampler_devices))
   data = _stage_data(config)
   # A sampler process scores its own rollouts (and loads any reward model).
   rewards = (None if rc.rollout_worker == 'process' or sampler_devices else
@@ -128,17 +126,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
 # ----------------------------------------------------------------- set-up
 
 
-def _learner(config, setup: train.Setup, graph, policy, opt, rc: RLConfig
-             ) -> Learner:
+def _learner(config, setup: train.Setup, graph, policy, opt, rc: RLConfig,
+             *, split: bool = False) -> Learner:
   """The stage's learner: a frozen copy of the start as the KL reference
   (when `kl_coef` > 0; a copy: the policy's buffers are donated), MOPD's
-  teachers, the stage's mesh."""
+  teachers, the stage's mesh (`split`: the devices `rl.rollout_devices`
+  left it), which must split a step's rollouts (checked now)."""
+  multiple = 1 if setup.ctx is None else setup.ctx.shards('batch')
+  # Before the frozen models load.
+  Learner(graph, opt, rc, rows_multiple=multiple).check_rows(
+      rc.prompts_per_step * rc.rollouts_per_prompt, where=(
+          f' (the run\'s devices less rl.rollout_devices='
+          f'{rc.rollout_devices})' if split else ''))
   reference = freeze(policy, copy=True) if rc.kl_coef else None
   teachers = (load_teachers(dict(config.teachers), setup)
               if rc.algorithm == 'mopd' else {})
   return Learner(graph, opt, rc, reference=reference, teachers=teachers,
-                 put=setup.put, rows_multiple=(
-                     1 if setup.ctx is None else setup.ctx.shards('batch')))
+                 put=setup.put, rows_multiple=multiple)
 
 
 @dataclasses.dataclass
@@ -288,7 +292,9 @@ def _rollouts(config, setup, rc: RLConfig, sampler: SamplerWeights, tok,
           (f', on CPU cores {cpus}' if cpus else ''))
     return _decoupled.ProcessRollouts(config, setup.workdir, sampler,
                                       rc.max_staleness, config.steps,
-                                      cpus=cpus)
+                                      cpus=cpus,
+                                      coordinator=rc.rollout_coordinator,
+                                      env=rc.rollout_env_vars())
   place = device = None
   if sampler_devices:
     device = sampler_devices[0]
@@ -321,7 +327,8 @@ def sampler_side(config, workdir: str, devices=None):
   """What a sampler worker builds from the stage's config, as the stage
   does: (collect (model, step), prompt stream, model of the weights the
   learner sends (`jax.tree.leaves((params, rest))` of the sampler's copy,
-  one array a layer: `model.split_layers`; host arrays or arrays on other
+  one array a layer: `model.split_layers`; host arrays, a host's shards
+  (`_decoupled.Shards`, a run of several processes) or arrays on other
   devices, each placed as the sampler's model holds it)).
 
   `devices`: the sampler's own (`rl.rollout_devices`), on a mesh of
@@ -345,7 +352,9 @@ def sampler_side(config, workdir: str, devices=None):
     places = [jax.sharding.SingleDeviceSharding(devices[0])] * len(target)
 
   def model_of(leaves):
+    # `_decoupled.Shards`: this host's part of a weight that spans hosts.
     p, r = jax.tree.unflatten(treedef, [
+        x.place(where) if isinstance(x, _decoupled.Shards) else
         jax.device_put(x, where)
         for x, where in zip(leaves, places, strict=True)])
     return nnx.merge(graph, p, r)

@@ -1,0 +1,48 @@
+"""One of two processes of an RL stage whose rollouts come from sampler processes (one a host).
+
+  python tests/_decoupled_worker.py OUT.json PROC NPROC PORT SFT_DIR WORKDIR WORKER [ENV]
+
+The stage of tests/test_decoupled.py (the main job's model, the quick RL
+config, instruction following) on a data 2 x expert 4 mesh over two
+processes of 4 CPU devices, one update behind (`max_staleness` 1);
+`WORKER` 'inline' samples in the learner's processes, 'process' in a
+sampler process beside each, which form a jax.distributed run of their
+own (`ENV`: their `rl.rollout_env`). Writes the stage's metric rows to
+OUT.json (process 0).
+"""
+
+import json
+import os
+import sys
+
+
+def main():
+  # Here, not at the top: a sampler process (multiprocessing's spawn)
+  # imports this file again and must not join the learner's run.
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+  import _worker_start  # pylint: disable=g-import-not-at-top,unused-import
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from configs import rl as rl_config  # pylint: disable=g-import-not-at-top
+
+  from cascade_jax import rl  # pylint: disable=g-import-not-at-top
+  sft_dir, workdir, worker = sys.argv[5:8]
+  sampler_env = sys.argv[8] if len(sys.argv) > 8 else ''
+  c = rl_config.get_config('quick')
+  c.init_from, c.steps, c.eval_n, c.checkpoint_every = sft_dir, 3, 0, 2
+  c.rl.dynamic_filtering = False
+  c.data.domain, c.rl.overlong = 'instruction_following', 'none'
+  c.rl.rollout_worker, c.rl.max_staleness = worker, 1
+  c.rl.rollout_env = sampler_env
+  c.mesh = ml_collections.ConfigDict(dict(data=2, expert=4))
+  rl.run(c, workdir)
+  if _worker_start.proc == 0:
+    with open(os.path.join(workdir, 'rl_metrics.jsonl')) as f:
+      rows = [json.loads(line) for line in f]
+    with open(_worker_start.out_path, 'w') as f:
+      json.dump([r for r in rows if 'reward_mean' in r], f)
+
+
+if __name__ == '__main__':
+  main()
