@@ -24,6 +24,12 @@ learner and overlaps them: max(generation x chips / S, update x chips / L)
 per-chip work: weights read per chip for decoding, FLOPs per chip for the
 update). L must hold the learner: at least `--min_learner_chips` (the
 plan's smallest slice where GRPO fits v5p's 95 GB: 8 chips).
+
+Which splits the code runs on a pod: on several hosts the sampler is a
+process beside each learner process on a mesh that mirrors the learner's
+(`rl.rollout_worker=process`), so each host's chips split in half: L = S
+(the `runs` column). The other splits are the model's, not the code's (a
+sampler thread on devices of its own runs on one host only).
 """
 
 import json
@@ -91,7 +97,8 @@ def model(p: dict) -> dict:
     step = max(gen, upd) + p['sync_s']
     splits.append(dict(learner_chips=learner, sampler_chips=sampler,
                        generation_s=gen, update_s=upd, step_s=step,
-                       speedup=sync_step / step))
+                       speedup=sync_step / step,
+                       runs_on_a_pod=learner == sampler))
   best = max(splits, key=lambda s: s['speedup'])
   tokens = p['rows'] * (_PROMPT.value + _RESPONSE.value)
   per_chip = lambda t: tokens / t / p['chips']
@@ -114,13 +121,15 @@ def main(argv):
   print(f"  synchronous step: {m['sync_step_s']:.1f} s "
         f"(generation {p['generation_s'] / m['sync_step_s']:.0%})")
   print('| learner chips | sampler chips | generation s | update s | step s '
-        '| sync / decoupled |')
-  print('|---:|---:|---:|---:|---:|---:|')
+        '| sync / decoupled | runs on a pod |')
+  print('|---:|---:|---:|---:|---:|---:|---|')
   for s in m['splits']:
     if s['learner_chips'] in (8, 12, 16, 24) or s is m['best']:
       print(f"| {s['learner_chips']} | {s['sampler_chips']} | "
             f"{s['generation_s']:.1f} | {s['update_s']:.1f} | "
-            f"{s['step_s']:.1f} | {s['speedup']:.2f} |")
+            f"{s['step_s']:.1f} | {s['speedup']:.2f} | "
+            f"{'yes (sampler processes)' if s['runs_on_a_pod'] else 'model'}"
+            ' |')
   b = m['best']
   print(f"  best split: learner {b['learner_chips']}, sampler "
         f"{b['sampler_chips']}: {b['speedup']:.2f} x the synchronous step")
