@@ -51,7 +51,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # a host, their own jax.distributed run at rollout_coordinator, '': the
   # learner's coordinator port + 1; rollout_env: its environment, e.g.
   # 'CUDA_VISIBLE_DEVICES=4,5,6,7'), 'inline' when a step asks; rollout_devices: the sampler's own devices (the run's last n, on
-  # a mesh of rollout_mesh's shape, e.g. 'data=2,expert=2'; 0: the
+  # a mesh of rollout_mesh's shape, e.g. 'data=2,expert=2', '': data=-1,
+  # or a sampler process's, '': the stage's mesh; 0: the
   # learner's; inline or thread). capacity_headroom: the
   # stage's first update sizes the learner's MoE capacity for that much
   # more load than its batch needs (each larger capacity compiles again).
@@ -71,7 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       verifier_reward='graded', max_staleness=0, rollout_worker='inline',
       rollout_cpus='', rollout_coordinator='', rollout_env='',
       rollout_devices=0,
-      rollout_mesh='data=-1',
+      rollout_mesh='',
       sample_slots=0, episode_slots=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,

@@ -251,10 +251,11 @@ def test_decoupled_thread_and_device_split_refuse_a_multi_host_run(
     rl.split_devices(2)
 
 
-def test_decoupled_weight_sync_shards_place_where_the_sampler_mirrors():
+def test_decoupled_weight_sync_shards_cut_the_samplers_blocks():
   # On several hosts each learner process sends its own sampler process
-  # its shards (`Shards`), which it places at the same indices on its mesh;
-  # a mesh that does not mirror the learner's is named, not mis-assembled.
+  # its shards (`Shards`); the sampler cuts each of its blocks from them,
+  # on a mesh of its own; a block its learner's devices do not hold is
+  # named, not filled.
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
@@ -266,11 +267,20 @@ def test_decoupled_weight_sync_shards_place_where_the_sampler_mirrors():
   x = jax.device_put(want, NamedSharding(learner, P('expert', None)))
   sent = _decoupled.Shards.local(x)
   assert sorted(sent.blocks) == [((0, 2), (0, 12)), ((2, 4), (0, 12))]
-  got = sent.place(NamedSharding(sampler, P('expert', None)))
-  assert got.sharding.mesh == sampler
-  np.testing.assert_array_equal(np.asarray(got), want)
-  with pytest.raises(ValueError, match="does not mirror the learner's"):
-    sent.place(NamedSharding(sampler, P(None, 'data')))
+  for spec, mesh in [(P('expert', None), sampler),       # a mirror
+                     (P(None, ('data', 'expert')), sampler),
+                     (P(None, 'data'), Mesh(devs[6:], ('data',)))]:
+    got = sent.place(NamedSharding(mesh, spec))
+    assert got.sharding.mesh == mesh
+    np.testing.assert_array_equal(np.asarray(got), want)
+  # A host whose learner devices hold rows 0-1 only (another host 2-3).
+  part = _decoupled.Shards(sent.shape, sent.dtype, {
+      k: v for k, v in sent.blocks.items() if k[0] == (0, 2)})
+  np.testing.assert_array_equal(part.block(((0, 1), (3, 9))), want[:1, 3:9])
+  with pytest.raises(ValueError, match=(
+      r"needs block \(\(0, 4\), \(0, 6\)\) of a \(4, 12\) weight, which "
+      r"its learner process's devices do not hold")):
+    part.place(NamedSharding(sampler, P(None, 'data')))
   # Its own run beside the learner's: the coordinator's port + 1, or named.
   assert rl.sampler_cluster() is None    # one process
   with pytest.raises(ValueError, match='rl.rollout_coordinator: .* with '
@@ -299,8 +309,7 @@ def test_decoupled_sampler_processes_on_several_hosts_form_their_own_run(
   monkeypatch.setattr(distributed.global_state, 'coordinator_address',
                       '10.0.0.1:1234')
   assert rl.sampler_cluster() == dict(
-      coordinator_address='10.0.0.1:1235', num_processes=2, process_id=1,
-      local_devices=jax.local_device_count())
+      coordinator_address='10.0.0.1:1235', num_processes=2, process_id=1)
   assert rl.sampler_cluster('10.0.0.2:9000')['coordinator_address'] == (
       '10.0.0.2:9000')
   monkeypatch.setattr(distributed.global_state, 'coordinator_address', None)
@@ -309,14 +318,16 @@ def test_decoupled_sampler_processes_on_several_hosts_form_their_own_run(
     rl.sampler_cluster()
 
 
-@pytest.mark.slow  # ~100 s: four processes; CI runs it
+@pytest.mark.slow  # ~150 s: four processes, four runs; CI runs it
 def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
     sft_dir, tmp_path):
   # Two learner processes of 4 CPU devices (one data 2 x expert 4 mesh),
   # each with a sampler process beside it, the samplers a jax.distributed
   # run of their own on a mirrored mesh, each fed its learner's shards of
   # the weights: the same batches and updates as the one-process schedule
-  # sampled inline by the two learner processes.
+  # sampled inline by the two learner processes. Then samplers of 2
+  # devices each on a mesh of their own, and a learner mesh whose shards
+  # do not cover what they need.
   import socket  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -349,14 +360,27 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   assert _same(rows['process']) == _same(rows['inline'])
   assert [r['policy_staleness'] for r in rows['process']] == [0, 1, 1]
   assert rows['process'][0]['sampler_mismatch_max'] < 1e-5
-  # Samplers given other devices (rl.rollout_env) than their learners: the
-  # meshes cannot mirror, and every learner process says why.
-  logs, codes = run('unmirrored', 'process',
-                    'XLA_FLAGS=--xla_force_host_platform_device_count=2')
+  # Samplers of 2 devices each (rl.rollout_env) on a data 2 x expert 2
+  # mesh: each host's learner devices hold every expert (expert 4 within a
+  # host), so each sampler cuts its halves from them. Another mesh, other
+  # sums: on-policy, not the same draws.
+  two = 'XLA_FLAGS=--xla_force_host_platform_device_count=2'
+  logs, codes = run('split', 'process', two, 'data=2,expert=2')
+  assert codes == [0, 0], logs[0][-4000:] + logs[1][-4000:]
+  assert '[rl] the sampler process: 2 cpu device(s) of 4' in logs[1]
+  with open(tmp_path / 'split.json') as f:
+    split = json.load(f)
+  assert [r['policy_staleness'] for r in split] == [0, 1, 1]
+  assert split[0]['sampler_mismatch_max'] < 1e-5
+  # The learner's experts split over both hosts (expert 8): each host's
+  # sampler needs all 8 and its learner devices hold 4; every learner
+  # process says why.
+  logs, codes = run('uncovered', 'process', two, 'data=2,expert=2',
+                    'expert=8')
   assert codes[0] != 0 and codes[1] != 0
   for log in logs:
-    assert ('has 2 devices and its learner process 4: on several hosts the '
-            "sampler's mesh mirrors the learner's") in log, log[-4000:]
+    assert ("which its learner process's devices do not hold" in log and
+            'rl.rollout_mesh' in log), log[-4000:]
 
 
 @pytest.mark.slow  # ~30 s, not the default (max_staleness 0, inline; its failure and unit tests stay): CI runs it

@@ -137,9 +137,9 @@ class RLConfig:
   # processes each learner process starts a sampler process on its host,
   # and the samplers form a jax.distributed run of their own, coordinated
   # at `rollout_coordinator` ('host:port'; '': the learner's coordinator's
-  # host, its port + 1); their mesh mirrors the learner's (the stage's
-  # `mesh`, as many devices on each host), so each learner process sends
-  # its own sampler its own shards of the weights. `rollout_env`:
+  # host, its port + 1), on a mesh of their own (`rollout_mesh`); each
+  # learner process sends its own sampler its own shards of the weights,
+  # from which it cuts its blocks. `rollout_env`:
   # environment variables the sampler process starts with, set before its
   # XLA starts ('CUDA_VISIBLE_DEVICES=4,5,6,7;XLA_PYTHON_CLIENT_PREALLOCATE=
   # false'): its own accelerators, where the learner's process was started
@@ -150,12 +150,15 @@ class RLConfig:
   rollout_env: str = ''
   # The sampler's own devices ('inline' and 'thread'): the last
   # `rollout_devices` of the run's, on a mesh of `rollout_mesh`'s shape
-  # ('data=-1' or 'data=2,expert=2': the stage mesh's axes, one of them
-  # -1); the learner's mesh (`mesh`) takes the others, and the weight sync
-  # copies the sampler's weights onto them device to device. 0: the
-  # sampler runs on the learner's devices.
+  # ('data=2,expert=2': the stage mesh's axes, one of them may be -1; '':
+  # 'data=-1'); the learner's mesh (`mesh`) takes the others, and the
+  # weight sync copies the sampler's weights onto them device to device. 0:
+  # the sampler runs on the learner's devices. A sampler process's mesh is
+  # `rollout_mesh` too ('': the stage's `mesh`); on several hosts each
+  # host's sampler devices must need only blocks of the weights its
+  # learner process holds (a mirror of the learner's mesh does).
   rollout_devices: int = 0
-  rollout_mesh: str = 'data=-1'
+  rollout_mesh: str = ''
   # Continuous batching (`rollout.generate_continuous`; on a mesh the rows
   # split over the batch axes, rounded up to a multiple of them): a
   # single-turn step's rollouts decode `sample_slots` rows at a time, a
@@ -256,9 +259,11 @@ class RLConfig:
       out[key.strip()] = value
     return out
 
-  def rollout_mesh_shape(self) -> dict[str, int]:
+  def rollout_mesh_shape(self, default=None) -> dict[str, int] | None:
     """`rollout_mesh` as a mesh shape: 'data=2,expert=2' -> {'data': 2,
-    'expert': 2}."""
+    'expert': 2}; '' -> `default`."""
+    if not str(self.rollout_mesh).strip():
+      return default
     shape = {}
     for part in str(self.rollout_mesh).split(','):
       axis, _, size = (x.strip() for x in part.partition('='))

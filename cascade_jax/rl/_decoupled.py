@@ -33,9 +33,10 @@ one and resumes exactly.
   environment (its own accelerators), both before its XLA starts. On a
   run of several processes each learner process starts one beside it; the
   sampler processes form a jax.distributed run of their own
-  (`sampler_cluster`) on a mesh that mirrors the learner's, and each is
-  sent its learner process's shards of the weights (`Shards`): nothing
-  crosses between hosts.
+  (`sampler_cluster`) on a mesh of their own (`rl.rollout_mesh`, or the
+  learner's shape), and each is sent its learner process's shards of the
+  weights (`Shards`), from which it cuts its blocks: nothing crosses
+  between hosts.
 
 Every batch records the version it was sampled with; a batch older than
 the bound (a checkpoint's queued rollouts resumed under a smaller
@@ -456,9 +457,11 @@ class ThreadRollouts(_Ahead):
 @dataclasses.dataclass
 class Shards:
   """One process's part of a global array that spans several processes:
-  its shards by their index (`index_key`), as host arrays. The sampler
-  process on the same host places them on its own devices at the same
-  indices (`place`): its mesh mirrors the learner's."""
+  its distinct shards by their index (`index_key`), as host arrays. The
+  sampler process on the same host places them on its own devices
+  (`place`), each of its blocks cut from those that cover it: its mesh
+  may differ from the learner's (other devices, another shape) as long as
+  each of its blocks lies in what this host's learner devices hold."""
   shape: tuple[int, ...]
   dtype: np.dtype
   blocks: dict[tuple, np.ndarray]
@@ -473,17 +476,35 @@ class Shards:
     return cls(tuple(x.shape), np.dtype(x.dtype), blocks)
 
   def place(self, sharding: jax.sharding.Sharding) -> jax.Array:
-    """This process's shards on `sharding`'s devices of this process."""
-    def block(index):
-      key = index_key(index, self.shape)
-      if key not in self.blocks:
-        raise ValueError(
-            f'rl: the sampler process holds block {key} of a {self.shape} '
-            'weight, which its learner process does not: the sampler\'s '
-            'mesh does not mirror the learner\'s (the same mesh shape, and '
-            f'as many devices on each host; held: {sorted(self.blocks)})')
-      return self.blocks[key]
-    return jax.make_array_from_callback(self.shape, sharding, block)
+    """This process's part on `sharding`'s devices of this process."""
+    return jax.make_array_from_callback(
+        self.shape, sharding, lambda index: self.block(index_key(
+            index, self.shape)))
+
+  def block(self, want: tuple) -> np.ndarray:
+    """The block at `want` ((start, stop) a dimension) from the shards
+    that overlap it (distinct shards of one sharding do not overlap)."""
+    if want in self.blocks:
+      return self.blocks[want]
+    out = np.empty([b - a for a, b in want], self.dtype)
+    filled = 0
+    for key, data in self.blocks.items():
+      lo = [max(a, c) for (a, _), (c, _) in zip(want, key)]
+      hi = [min(b, d) for (_, b), (_, d) in zip(want, key)]
+      if any(l >= h for l, h in zip(lo, hi)):
+        continue
+      out[tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, want))] = (
+          data[tuple(slice(l - c, h - c)
+                     for l, h, (c, _) in zip(lo, hi, key))])
+      filled += int(np.prod([h - l for l, h in zip(lo, hi)]))
+    if filled != out.size:
+      raise ValueError(
+          f'rl: the sampler process needs block {want} of a {self.shape} '
+          "weight, which its learner process's devices do not hold "
+          f'(they hold {sorted(self.blocks)}): on several hosts each '
+          "host's sampler devices must need only what its learner devices "
+          "hold (rl.rollout_mesh; a mirror of the learner's mesh does)")
+    return out
 
 
 def index_key(index: tuple, shape: tuple[int, ...]) -> tuple:
@@ -577,8 +598,7 @@ def sampler_cluster(coordinator: str = '') -> dict | None:
   """On a run of several processes, the jax.distributed run the sampler
   processes form (one a host, beside each learner process): its
   coordinator (`coordinator`, or the learner's coordinator's host at its
-  port + 1), size and this process's index in it, and the local devices
-  the sampler's mesh must mirror. None on one process."""
+  port + 1), size and this process's index in it. None on one process."""
   if jax.process_count() == 1:
     return None
   if not coordinator:
@@ -593,8 +613,7 @@ def sampler_cluster(coordinator: str = '') -> dict | None:
     coordinator = f'{host}:{int(port) + 1}'
   return dict(coordinator_address=coordinator,
               num_processes=jax.process_count(),
-              process_id=jax.process_index(),
-              local_devices=jax.local_device_count())
+              process_id=jax.process_index())
 
 
 def _worker_main(job: dict, inbox, outbox) -> None:
@@ -617,18 +636,11 @@ def _worker_main(job: dict, inbox, outbox) -> None:
 
 
 def _join_cluster(cluster: dict) -> None:
-  """The sampler processes' own jax.distributed run (one process a host),
-  each with as many devices as its learner process (the meshes mirror)."""
+  """The sampler processes' own jax.distributed run (one process a host)."""
   utils.initialize_distributed(
       'on', coordinator_address=cluster['coordinator_address'],
       num_processes=cluster['num_processes'],
       process_id=cluster['process_id'])
-  if jax.local_device_count() != cluster['local_devices']:
-    raise ValueError(
-        f'rl: sampler process {cluster["process_id"]} has '
-        f'{jax.local_device_count()} devices and its learner process '
-        f'{cluster["local_devices"]}: on several hosts the sampler\'s mesh '
-        'mirrors the learner\'s (each process its learner\'s shards)')
 
 
 def _worker_loop(job, inbox, outbox) -> None:

@@ -263,6 +263,10 @@ def _save(setup, step: int, state, source, learner: Learner,
 
 # ---------------------------------------------------------------- rollouts
 
+# The mesh of the sampler's own devices (`rl.rollout_devices`) unless
+# `rl.rollout_mesh` gives one.
+SPLIT_MESH = {'data': -1}
+
 
 def _collector(config, rc: RLConfig, tok, data: _Data, rewards: _Rewards):
   """(sampler model, step) -> (batch, stats): one step's collection, its
@@ -308,7 +312,7 @@ def _rollouts(config, setup, rc: RLConfig, sampler: SamplerWeights, tok,
           model_lib.split_layers((params, rest)))))
     print(f'[rl] the sampler on devices of its own: '
           f'{[d.id for d in sampler_devices]} (rl.rollout_mesh '
-          f'{rc.rollout_mesh}), the learner on the others')
+          f"{rc.rollout_mesh or 'data=-1'}), the learner on the others")
   else:
     collect_step, stream = (_collector(config, rc, tok, data, rewards),
                             data.stream)
@@ -332,11 +336,14 @@ def sampler_side(config, workdir: str, devices=None):
   devices, each placed as the sampler's model holds it)).
 
   `devices`: the sampler's own (`rl.rollout_devices`), on a mesh of
-  `rl.rollout_mesh`'s shape; None: the run's, on the stage's mesh, as the
-  stage's inline sampler has them (the same programs, so the same draws)."""
+  `rl.rollout_mesh`'s shape (default `SPLIT_MESH`); None: the process's
+  (a sampler process), on `rl.rollout_mesh`'s shape or else the stage's
+  mesh, as the stage's inline sampler has them (the same programs, so the
+  same draws)."""
   rc = RLConfig(**config.rl.to_dict())
-  ctx = (train.mesh_ctx(config) if devices is None else
-         train.mesh_ctx(config, devices, rc.rollout_mesh_shape()))
+  ctx = (train.mesh_ctx(config, None, rc.rollout_mesh_shape())
+         if devices is None else
+         train.mesh_ctx(config, devices, rc.rollout_mesh_shape(SPLIT_MESH)))
   setup = train.Setup(config, workdir, 'rl-sampler', ctx,
                       train.memory_overrides(config), ckpt=None)
   cfg, _, tok = train.model_shell(setup.path(config.init_from),
