@@ -25,10 +25,13 @@ per-chip work: weights read per chip for decoding, FLOPs per chip for the
 update). L must hold the learner: at least `--min_learner_chips` (the
 plan's smallest slice where GRPO fits v5p's 95 GB: 8 chips).
 
-Which splits the code runs on a pod: on several hosts the sampler is a
-process beside each learner process on a mesh that mirrors the learner's
-(`rl.rollout_worker=process`), so each host's chips split in half: L = S
-(the `runs` column). The other splits are the model's, not the code's (a
+Which splits the code runs on a pod (the `runs on a pod` column): on
+several hosts the sampler is a process beside each learner process
+(`rl.rollout_worker=process`), so each host's chips split between the two
+the same way: L and S whole numbers of chips a host (`--chips_per_host`,
+v5p's 4), with the sampler's mesh (`rl.rollout_mesh`) keeping each host's
+blocks of the weights within what its learner chips hold (checked when
+the weights arrive). The other splits are the model's, not the code's (a
 sampler thread on devices of its own runs on one host only).
 """
 
@@ -51,6 +54,8 @@ _RESPONSE = flags.DEFINE_integer('response', 8192, 'Decode steps a round.')
 _PROMPT = flags.DEFINE_integer('prompt', 2048, 'Prompt tokens (tokens/s).')
 _MIN_L = flags.DEFINE_integer('min_learner_chips', 8,
                               'Fewest chips the learner fits on.')
+_PER_HOST = flags.DEFINE_integer('chips_per_host', 4,
+                                 "Chips a host (v5p's 4).")
 _OUT = flags.DEFINE_string('out', '', 'Writes model.json here if set.')
 
 
@@ -89,6 +94,7 @@ def phases(mesh: str) -> dict:
 
 def model(p: dict) -> dict:
   sync_step = p['generation_s'] + p['update_s'] + p['sync_s']
+  hosts = max(p['chips'] // _PER_HOST.value, 1)
   splits = []
   for learner in range(_MIN_L.value, p['chips']):
     sampler = p['chips'] - learner
@@ -98,7 +104,7 @@ def model(p: dict) -> dict:
     splits.append(dict(learner_chips=learner, sampler_chips=sampler,
                        generation_s=gen, update_s=upd, step_s=step,
                        speedup=sync_step / step,
-                       runs_on_a_pod=learner == sampler))
+                       runs_on_a_pod=learner % hosts == 0))
   best = max(splits, key=lambda s: s['speedup'])
   tokens = p['rows'] * (_PROMPT.value + _RESPONSE.value)
   per_chip = lambda t: tokens / t / p['chips']

@@ -196,10 +196,10 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
     assert s['step_s'] == pytest.approx(
         max(s['generation_s'], s['update_s']) + p['sync_s'])
   assert p['generation_s'] > p['update_s'] and m['best']['speedup'] < 1
-  # The split the code runs on a pod (sampler processes on mirrored
-  # meshes): half of each host's chips.
+  # The splits the code runs on a pod (a sampler process beside each
+  # learner process): whole chips a host of v5p-64's 8 hosts of 4.
   assert [(s['learner_chips'], s['sampler_chips']) for s in m['splits']
-          if s['runs_on_a_pod']] == [(16, 16)]
+          if s['runs_on_a_pod']] == [(8, 24), (16, 16), (24, 8)]
 
 
 _CACHED_PROGRAM = r'''
