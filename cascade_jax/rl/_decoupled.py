@@ -86,7 +86,7 @@ def split_devices(n: int, devices=None):
         f'rl.rollout_devices={n} splits one process\'s devices; this run '
         f'has {jax.process_count()} processes (on several hosts '
         "rollout_worker='process' gives each host's sampler devices of its "
-        'own, through its environment)')
+        'own: rl.rollout_env)')
   if n >= len(devices):
     raise ValueError(
         f'rl.rollout_devices={n} leaves the learner none of the run\'s '
