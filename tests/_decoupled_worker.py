@@ -6,7 +6,7 @@
 The stage of tests/test_decoupled.py (the main job's model, the quick RL
 config, instruction following) on a data 2 x expert 4 mesh (or `MESH`,
 'expert=8') over two processes of 4 CPU devices, one update behind
-(`max_staleness` 1); `WORKER` 'inline' samples in the learner's
+(`max_staleness` 1), 4 steps, a checkpoint every 2; `WORKER` 'inline' samples in the learner's
 processes, 'process' in a sampler process beside each, which form a
 jax.distributed run of their own (`ENV`: their `rl.rollout_env`;
 `ROLLOUT_MESH`: their `rl.rollout_mesh`). Writes the stage's metric rows
@@ -32,7 +32,7 @@ def main():
   sft_dir, workdir, worker = sys.argv[5:8]
   sampler_env, rollout_mesh, mesh = (sys.argv[8:] + ['', '', ''])[:3]
   c = rl_config.get_config('quick')
-  c.init_from, c.steps, c.eval_n, c.checkpoint_every = sft_dir, 3, 0, 2
+  c.init_from, c.steps, c.eval_n, c.checkpoint_every = sft_dir, 4, 0, 2
   c.rl.dynamic_filtering = False
   c.data.domain, c.rl.overlong = 'instruction_following', 'none'
   c.rl.rollout_worker, c.rl.max_staleness = worker, 1

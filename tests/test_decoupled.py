@@ -318,32 +318,38 @@ def test_decoupled_sampler_processes_on_several_hosts_form_their_own_run(
     rl.sampler_cluster()
 
 
-@pytest.mark.slow  # ~150 s: four processes, four runs; CI runs it
+@pytest.mark.slow  # ~4 min: four processes, six runs; CI runs it
 def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
     sft_dir, tmp_path):
   # Two learner processes of 4 CPU devices (one data 2 x expert 4 mesh),
   # each with a sampler process beside it, the samplers a jax.distributed
   # run of their own on a mirrored mesh, each fed its learner's shards of
   # the weights: the same batches and updates as the one-process schedule
-  # sampled inline by the two learner processes. Then samplers of 2
-  # devices each on a mesh of their own, and a learner mesh whose shards
-  # do not cover what they need.
+  # sampled inline by the two learner processes; killed after its
+  # checkpoint at 2 and started again, the run ends where it ends. Then
+  # samplers of 2 devices each on a mesh of their own, and a learner mesh
+  # whose shards do not cover what they need.
+  import signal  # pylint: disable=g-import-not-at-top
   import socket  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
 
-  def run(name, *args):
+  def start(name, *args):
     with socket.socket() as s:
       s.bind(('127.0.0.1', 0))
       port = s.getsockname()[1]
-    procs = [subprocess.Popen(
+    return [subprocess.Popen(
         [sys.executable, os.path.join(root, 'tests', '_decoupled_worker.py'),
          str(tmp_path / f'{name}.json'), str(i), '2', str(port), sft_dir,
          str(tmp_path / name), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+            for i in range(2)]
+
+  def run(name, *args):
+    procs = start(name, *args)
     return [p.communicate(timeout=900)[0] for p in procs], [
         p.returncode for p in procs]
 
@@ -356,10 +362,32 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   assert 'rollouts from a sampler process' in logs[0]
   assert '[distributed] process 1 of 2 (flags): 4 local / 8 devices' in logs[1]
   assert '[rl] the sampler process: 4 cpu device(s) of 8' in logs[1]
-  assert len(rows['process']) == 3
+  assert len(rows['process']) == 4
   assert _same(rows['process']) == _same(rows['inline'])
-  assert [r['policy_staleness'] for r in rows['process']] == [0, 1, 1]
+  assert [r['policy_staleness'] for r in rows['process']] == [0, 1, 1, 1]
   assert rows['process'][0]['sampler_mismatch_max'] < 1e-5
+  # Both learner processes killed (SIGKILL) once the checkpoint at 2 is
+  # committed and step 3 logged, then started again (a new port, as a
+  # scheduler's restart would take): step 2's rollouts sampled ahead come
+  # from the checkpoint, new sampler processes sample on from step 3.
+  procs = start('cut', 'process')
+  metrics = tmp_path / 'cut' / 'rl_metrics.jsonl'
+  deadline = time.monotonic() + 600
+  while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+    if (tmp_path / 'cut' / 'checkpoints' / '2').is_dir() and metrics.exists(
+    ) and any('"step": 3' in line for line in open(metrics)):
+      break
+    time.sleep(0.05)
+  assert all(p.poll() is None for p in procs), 'the run ended before the kill'
+  for p in procs[::-1]:
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+  logs, codes = run('cut', 'process')
+  assert codes == [0, 0], logs[0][-4000:] + logs[1][-4000:]
+  assert 'resumed from step 2 with 1 step(s) of rollouts sampled ahead' in (
+      logs[0])
+  with open(tmp_path / 'cut.json') as f:
+    assert _same(json.load(f)) == _same(rows['process'])
   # Samplers of 2 devices each (rl.rollout_env) on a data 2 x expert 2
   # mesh: each host's learner devices hold every expert (expert 4 within a
   # host), so each sampler cuts its halves from them. Another mesh, other
@@ -370,7 +398,7 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   assert '[rl] the sampler process: 2 cpu device(s) of 4' in logs[1]
   with open(tmp_path / 'split.json') as f:
     split = json.load(f)
-  assert [r['policy_staleness'] for r in split] == [0, 1, 1]
+  assert [r['policy_staleness'] for r in split] == [0, 1, 1, 1]
   assert split[0]['sampler_mismatch_max'] < 1e-5
   # The learner's experts split over both hosts (expert 8): each host's
   # sampler needs all 8 and its learner devices hold 4; every learner
