@@ -488,6 +488,25 @@ def test_decoupled_thread_on_an_expert_parallel_mesh_of_its_own_is_on_policy(
   assert 'rl.rollout_mesh data=2,expert=2' in capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~40 s: CI runs it
+def test_decoupled_sampler_process_with_devices_and_a_mesh_of_its_own(
+    sft_dir, tmp_path, capfd):
+  # One host, as a GPU host would split it (the learner started on some
+  # devices, the sampler process given others by rl.rollout_env): here
+  # the sampler process has 2 CPU devices and samples on a data 2 x expert
+  # 1 mesh of them (rl.rollout_mesh), the learner on one device; fresh
+  # weights score what they drew.
+  rows = _run(sft_dir, tmp_path / 'own', 'process', 1, steps=3,
+              rollout_env='XLA_FLAGS=--xla_force_host_platform_device_count=2',
+              rollout_mesh='data=2')
+  assert [r['policy_staleness'] for r in rows] == [0, 1, 1]
+  assert rows[0]['sampler_mismatch_max'] < 1e-5
+  out = capfd.readouterr().out
+  assert ('[rl] the sampler process: 2 cpu device(s) of 2, environment '
+          "{'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}") in out
+  assert "[rl-sampler] mesh {'data': 2, 'fsdp': 1" in out
+
+
 def test_decoupled_sampler_keeps_no_array_the_next_update_donates():
   # A sampler model kept past the next update (staleness > 0, or a thread)
   # must hold none of the learner's arrays, which that update donates:
