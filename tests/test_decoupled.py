@@ -319,6 +319,7 @@ def test_decoupled_sampler_processes_on_several_hosts_form_their_own_run(
 
 
 @pytest.mark.slow  # ~4 min: four processes, six runs; CI runs it
+@pytest.mark.xdist_group('heavy')  # started first (conftest)
 def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
     sft_dir, tmp_path):
   # Two learner processes of 4 CPU devices (one data 2 x expert 4 mesh),
