@@ -598,7 +598,8 @@ def sampler_cluster(coordinator: str = '') -> dict | None:
   """On a run of several processes, the jax.distributed run the sampler
   processes form (one a host, beside each learner process): its
   coordinator (`coordinator`, or the learner's coordinator's host at its
-  port + 1), size and this process's index in it. None on one process."""
+  port + 1), size and this process's index in it, as
+  `utils.initialize_distributed` takes them. None on one process."""
   if jax.process_count() == 1:
     return None
   if not coordinator:
@@ -623,8 +624,8 @@ def _worker_main(job: dict, inbox, outbox) -> None:
     if job['cpus']:
       os.sched_setaffinity(0, set(job['cpus']))
     utils.apply_jax_settings(job['settings'])
-    if job['cluster']:
-      _join_cluster(job['cluster'])
+    if job['cluster']:   # the sampler processes' own run, one a host
+      utils.initialize_distributed('on', **job['cluster'])
     print(f'[rl] the sampler process: {jax.local_device_count()} '
           f'{jax.default_backend()} device(s) of {jax.device_count()}' + (
               f', environment {job["env"]}' if job['env'] else ''),
@@ -633,14 +634,6 @@ def _worker_main(job: dict, inbox, outbox) -> None:
   except BaseException:  # pylint: disable=broad-except
     outbox.put(('error', traceback.format_exc()))
     raise
-
-
-def _join_cluster(cluster: dict) -> None:
-  """The sampler processes' own jax.distributed run (one process a host)."""
-  utils.initialize_distributed(
-      'on', coordinator_address=cluster['coordinator_address'],
-      num_processes=cluster['num_processes'],
-      process_id=cluster['process_id'])
 
 
 def _worker_loop(job, inbox, outbox) -> None:

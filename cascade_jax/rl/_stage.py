@@ -346,9 +346,7 @@ def sampler_side(config, workdir: str, devices=None):
          train.mesh_ctx(config, devices, rc.rollout_mesh_shape(SPLIT_MESH)))
   setup = train.Setup(config, workdir, 'rl-sampler', ctx,
                       train.memory_overrides(config), ckpt=None)
-  if ctx is not None:
-    print(f'[rl-sampler] mesh {dict(ctx.mesh.shape)} over '
-          f'{ctx.mesh.devices.size} devices', flush=True)
+  setup.log_mesh()
   cfg, _, tok = train.model_shell(setup.path(config.init_from),
                                   memory=setup.memory)
   data = _stage_data(config, evals=False)

@@ -138,11 +138,17 @@ class Setup:
     ckpt = checkpoint.Checkpointer(
         os.path.join(workdir, 'checkpoints'),
         max_to_keep=config.get('keep_checkpoints', 3))
-    if ctx is not None:
-      print(f'[{name}] mesh {dict(ctx.mesh.shape)} over '
-            f'{ctx.mesh.devices.size} devices, {jax.process_count()} '
+    setup = cls(config, workdir, name, ctx, memory_overrides(config), ckpt)
+    setup.log_mesh()
+    return setup
+
+  def log_mesh(self) -> None:
+    """One line: the stage's mesh, its devices and processes (none on one
+    device)."""
+    if self.ctx is not None:
+      print(f'[{self.name}] mesh {dict(self.ctx.mesh.shape)} over '
+            f'{self.ctx.mesh.devices.size} devices, {jax.process_count()} '
             'process(es)', flush=True)
-    return cls(config, workdir, name, ctx, memory_overrides(config), ckpt)
 
   # ------------------------------------------------------------ paths
 
