@@ -18,6 +18,7 @@ from configs import rl as rl_config  # noqa: E402  pylint: disable=g-import-not-
 from cascade_jax import checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from cascade_jax import rl  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from cascade_jax.rl import _decoupled  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from cascade_jax.rl import _process  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Timings differ between any two runs; everything else must not.
 _TIMING = ('time', 'step_s', 'sample_s', 'score_s', 'train_s', 'weight_sync_s',
@@ -265,7 +266,7 @@ def test_decoupled_weight_sync_shards_cut_the_samplers_blocks():
   sampler = Mesh(devs[4:].reshape(2, 2), ('data', 'expert'))
   want = np.arange(48, dtype=np.float32).reshape(4, 12)
   x = jax.device_put(want, NamedSharding(learner, P('expert', None)))
-  sent = _decoupled.Shards.local(x)
+  sent = _process.Shards.local(x)
   assert sorted(sent.blocks) == [((0, 2), (0, 12)), ((2, 4), (0, 12))]
   for spec, mesh in [(P('expert', None), sampler),       # a mirror
                      (P(None, ('data', 'expert')), sampler),
@@ -274,7 +275,7 @@ def test_decoupled_weight_sync_shards_cut_the_samplers_blocks():
     assert got.sharding.mesh == mesh
     np.testing.assert_array_equal(np.asarray(got), want)
   # A host whose learner devices hold rows 0-1 only (another host 2-3).
-  part = _decoupled.Shards(sent.shape, sent.dtype, {
+  part = _process.Shards(sent.shape, sent.dtype, {
       k: v for k, v in sent.blocks.items() if k[0] == (0, 2)})
   np.testing.assert_array_equal(part.block(((0, 1), (3, 9))), want[:1, 3:9])
   with pytest.raises(ValueError, match=(

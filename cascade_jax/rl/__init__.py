@@ -22,9 +22,6 @@ from cascade_jax.rl._collect import verifier_rewards
 from cascade_jax.rl._config import RLConfig
 from cascade_jax.rl._decoupled import InlineRollouts
 from cascade_jax.rl._decoupled import policy_version
-from cascade_jax.rl._decoupled import ProcessRollouts
-from cascade_jax.rl._decoupled import sampler_cluster
-from cascade_jax.rl._decoupled import Shards
 from cascade_jax.rl._decoupled import Rollout
 from cascade_jax.rl._decoupled import split_devices
 from cascade_jax.rl._decoupled import ThreadRollouts
@@ -37,6 +34,9 @@ from cascade_jax.rl._learner import Learner
 from cascade_jax.rl._learner import load_teachers
 from cascade_jax.rl._learner import teacher_rows
 from cascade_jax.rl._learner import update
+from cascade_jax.rl._process import ProcessRollouts
+from cascade_jax.rl._process import sampler_cluster
+from cascade_jax.rl._process import Shards
 from cascade_jax.rl._stage import domain_options
 from cascade_jax.rl._stage import run
 from cascade_jax.rl._sync import copies as sync_copies

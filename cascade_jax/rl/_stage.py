@@ -29,6 +29,7 @@ from cascade_jax import reward_model
 from cascade_jax import rollout
 from cascade_jax import train
 from cascade_jax.rl import _decoupled
+from cascade_jax.rl import _process
 from cascade_jax.rl._collect import collect
 from cascade_jax.rl._collect import PromptStream
 from cascade_jax.rl._collect import step_metrics
@@ -294,11 +295,11 @@ def _rollouts(config, setup, rc: RLConfig, sampler: SamplerWeights, tok,
     print(f'[rl] rollouts from a sampler process, at most '
           f'{rc.max_staleness} update(s) behind' +
           (f', on CPU cores {cpus}' if cpus else ''))
-    return _decoupled.ProcessRollouts(config, setup.workdir, sampler,
-                                      rc.max_staleness, config.steps,
-                                      cpus=cpus,
-                                      coordinator=rc.rollout_coordinator,
-                                      env=rc.rollout_env_vars())
+    return _process.ProcessRollouts(config, setup.workdir, sampler,
+                                    rc.max_staleness, config.steps,
+                                    cpus=cpus,
+                                    coordinator=rc.rollout_coordinator,
+                                    env=rc.rollout_env_vars())
   place = device = None
   if sampler_devices:
     device = sampler_devices[0]
@@ -332,7 +333,7 @@ def sampler_side(config, workdir: str, devices=None):
   does: (collect (model, step), prompt stream, model of the weights the
   learner sends (`jax.tree.leaves((params, rest))` of the sampler's copy,
   one array a layer: `model.split_layers`; host arrays, a host's shards
-  (`_decoupled.Shards`, a run of several processes) or arrays on other
+  (`_process.Shards`, a run of several processes) or arrays on other
   devices, each placed as the sampler's model holds it)).
 
   `devices`: the sampler's own (`rl.rollout_devices`), on a mesh of
@@ -360,9 +361,9 @@ def sampler_side(config, workdir: str, devices=None):
     places = [jax.sharding.SingleDeviceSharding(devices[0])] * len(target)
 
   def model_of(leaves):
-    # `_decoupled.Shards`: this host's part of a weight that spans hosts.
+    # `_process.Shards`: this host's part of a weight that spans hosts.
     p, r = jax.tree.unflatten(treedef, [
-        x.place(where) if isinstance(x, _decoupled.Shards) else
+        x.place(where) if isinstance(x, _process.Shards) else
         jax.device_put(x, where)
         for x, where in zip(leaves, places, strict=True)])
     return nnx.merge(graph, p, r)

@@ -1,0 +1,230 @@
+"""The sampler process (`rl.rollout_worker='process'`): collection in a process of its own, `max_staleness` steps ahead of the learner.
+
+After each update the learner sends the sampler's copy of the weights (cast
+to `rl.sampler_dtype`) through host memory; the weight sync moves the
+model's parameters once a step, learner to sampler, and the batches move
+back (host arrays: tokens, masks, log-probs, routing). `rl.rollout_cpus`
+pins the process to CPU cores and `rl.rollout_env` sets its environment
+(its own accelerators), both before its XLA starts. On a run of several
+processes each learner process starts one beside it; the sampler processes
+form a jax.distributed run of their own (`sampler_cluster`) on a mesh of
+their own (`rl.rollout_mesh`, or the learner's shape), and each is sent its
+learner process's shards of the weights (`Shards`), from which it cuts its
+blocks: nothing crosses between hosts. The schedule, the queue and the
+worker loop are `_decoupled`'s, shared with the sampler thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+import traceback
+
+import jax
+import numpy as np
+from flax import nnx
+
+from cascade_jax import model as model_lib
+from cascade_jax import utils
+from cascade_jax.rl._decoupled import _Ahead
+from cascade_jax.rl._decoupled import Rollout
+from cascade_jax.rl._decoupled import sample_ahead
+
+
+@dataclasses.dataclass
+class Shards:
+  """One process's part of a global array that spans several processes:
+  its distinct shards by their index (`index_key`), as host arrays. The
+  sampler process on the same host places them on its own devices
+  (`place`), each of its blocks cut from those that cover it: its mesh
+  may differ from the learner's (other devices, another shape) as long as
+  each of its blocks lies in what this host's learner devices hold."""
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  blocks: dict[tuple, np.ndarray]
+
+  @classmethod
+  def local(cls, x: jax.Array) -> Shards:
+    blocks = {}
+    for s in x.addressable_shards:   # a replicated block once
+      key = index_key(s.index, x.shape)
+      if key not in blocks:
+        blocks[key] = np.asarray(s.data)
+    return cls(tuple(x.shape), np.dtype(x.dtype), blocks)
+
+  def place(self, sharding: jax.sharding.Sharding) -> jax.Array:
+    """This process's part on `sharding`'s devices of this process."""
+    return jax.make_array_from_callback(
+        self.shape, sharding, lambda index: self.block(index_key(
+            index, self.shape)))
+
+  def block(self, want: tuple) -> np.ndarray:
+    """The block at `want` ((start, stop) a dimension) from the shards
+    that overlap it (distinct shards of one sharding do not overlap)."""
+    if want in self.blocks:
+      return self.blocks[want]
+    out = np.empty([b - a for a, b in want], self.dtype)
+    filled = 0
+    for key, data in self.blocks.items():
+      lo = [max(a, c) for (a, _), (c, _) in zip(want, key)]
+      hi = [min(b, d) for (_, b), (_, d) in zip(want, key)]
+      if any(l >= h for l, h in zip(lo, hi)):
+        continue
+      out[tuple(slice(l - a, h - a) for l, h, (a, _) in zip(lo, hi, want))] = (
+          data[tuple(slice(l - c, h - c)
+                     for l, h, (c, _) in zip(lo, hi, key))])
+      filled += int(np.prod([h - l for l, h in zip(lo, hi)]))
+    if filled != out.size:
+      raise ValueError(
+          f'rl: the sampler process needs block {want} of a {self.shape} '
+          "weight, which its learner process's devices do not hold "
+          f'(they hold {sorted(self.blocks)}): on several hosts each '
+          "host's sampler devices must need only what its learner devices "
+          "hold (rl.rollout_mesh; a mirror of the learner's mesh does)")
+    return out
+
+
+def index_key(index: tuple, shape: tuple[int, ...]) -> tuple:
+  """A shard's index (slices) as ((start, stop), ...) per dimension."""
+  return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+
+
+def _weights(sampler, state) -> tuple[list, float]:
+  """The sampler's copy of the weights as host arrays (`Shards` of this
+  process's part where a weight spans several processes), and the seconds."""
+  t0 = time.perf_counter()
+  model = sampler.model(state)
+  _, params, rest = nnx.split(model, nnx.Param, ...)
+  # One array a layer (the weight sync's layout; a learner's stacked arrays,
+  # where nothing was copied, split on the host), as `sampler_side` takes them.
+  if jax.process_count() == 1:
+    tree = model_lib.split_layers(jax.device_get((params, rest)))
+    leaves = [np.asarray(x) for x in jax.tree.leaves(tree)]
+  else:
+    leaves = [x if not isinstance(x, jax.Array) else
+              np.asarray(x) if x.is_fully_addressable else Shards.local(x)
+              for x in jax.tree.leaves(model_lib.split_layers((params, rest)))]
+  return leaves, time.perf_counter() - t0
+
+
+class ProcessRollouts(_Ahead):
+  """Collection in a sampler process of its own, `max_staleness` steps ahead.
+
+  Args:
+    config: the stage's config (the worker builds its prompt stream, rewards
+      and sampler model from it, as the stage does).
+    workdir: the stage's directory.
+    sampler: the stage's `SamplerWeights` (the copy sent after each update).
+    max_staleness: k.
+    steps: the stage's steps.
+    cpus: CPU cores the sampler process is pinned to (None: any).
+    coordinator: on several processes, 'host:port' of the sampler
+      processes' own jax.distributed run ('': `sampler_cluster`'s default).
+    env: environment variables the sampler process starts with.
+    timeout_s: the longest wait for one batch before the learner gives up.
+  """
+
+  what = 'process'
+
+  def __init__(self, config, workdir: str, sampler, max_staleness: int,
+               steps: int, *, cpus: tuple[int, ...] | None = None,
+               coordinator: str = '', env: dict[str, str] | None = None,
+               timeout_s: float = 3600.0):
+    super().__init__(sampler, max_staleness, steps, timeout_s)
+    self.config, self.workdir, self.cpus = config, workdir, cpus
+    self.env = dict(env or {})
+    self.cluster = sampler_cluster(coordinator)
+    self._proc = None
+
+  def start(self, step: int, state, pending: list[Rollout], position: int
+            ) -> None:
+    ctx = multiprocessing.get_context('spawn')
+    self._to, self._from = ctx.Queue(), ctx.Queue()
+    self._begin(step, pending)
+    job = dict(config=self.config.to_dict(), workdir=self.workdir,
+               first=step + len(pending), floor=step, position=position,
+               k=self.k,
+               steps=self.steps, cpus=self.cpus, cluster=self.cluster,
+               env=self.env,
+               settings=utils.jax_settings())
+    self._proc = ctx.Process(target=_worker_main, args=(job, self._to,
+                                                        self._from),
+                             name='cascade-rl-sampler', daemon=True)
+    self._proc.start()
+    self.publish(step, state)
+
+  def publish(self, version: int, state) -> None:
+    if self._sends(version):
+      leaves, self.last_sync_s = _weights(self.sampler, state)
+      self._to.put(('weights', version, leaves))
+
+  def _gone(self) -> str | None:
+    return (None if self._proc.is_alive() else
+            f'it died, exit code {self._proc.exitcode}')
+
+  def close(self) -> None:
+    """Stops the sampler process (reading what it still sends, so that it
+    can exit), then ends it if it has not within 30 s."""
+    if self._proc is None:
+      return
+    utils.stop_process(self._proc, self._to, self._from)
+    self._proc = None
+
+
+def sampler_cluster(coordinator: str = '') -> dict | None:
+  """On a run of several processes, the jax.distributed run the sampler
+  processes form (one a host, beside each learner process): its
+  coordinator (`coordinator`, or the learner's coordinator's host at its
+  port + 1), size and this process's index in it, as
+  `utils.initialize_distributed` takes them. None on one process."""
+  if jax.process_count() == 1:
+    return None
+  if not coordinator:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+    host, _, port = (distributed.global_state.coordinator_address or
+                     '').rpartition(':')
+    if not port.isdigit():
+      raise ValueError(
+          'rl: the learner\'s jax.distributed coordinator is not known here; '
+          "give the sampler processes' own as rl.rollout_coordinator "
+          "('host:port')")
+    coordinator = f'{host}:{int(port) + 1}'
+  return dict(coordinator_address=coordinator,
+              num_processes=jax.process_count(),
+              process_id=jax.process_index())
+
+
+def _worker_main(job: dict, inbox, outbox) -> None:
+  """The sampler process: weights in, one step's rollouts out, in order."""
+  try:
+    os.environ.update(job['env'])   # before XLA starts, as the affinity
+    if job['cpus']:
+      os.sched_setaffinity(0, set(job['cpus']))
+    utils.apply_jax_settings(job['settings'])
+    if job['cluster']:   # the sampler processes' own run, one a host
+      utils.initialize_distributed('on', **job['cluster'])
+    print(f'[rl] the sampler process: {jax.local_device_count()} '
+          f'{jax.default_backend()} device(s) of {jax.device_count()}' + (
+              f', environment {job["env"]}' if job['env'] else ''),
+          flush=True)
+    _worker_loop(job, inbox, outbox)
+  except BaseException:  # pylint: disable=broad-except
+    outbox.put(('error', traceback.format_exc()))
+    raise
+
+
+def _worker_loop(job, inbox, outbox) -> None:
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict(job['config'])
+  collect, stream, model_of = _stage.sampler_side(config, job['workdir'])
+  stream.position = job['position']
+  parent = os.getppid()
+  sample_ahead(collect, stream, model_of, first=job['first'],
+               floor=job['floor'], steps=job['steps'], k=job['k'],
+               inbox=inbox, outbox=outbox,
+               alive=lambda: os.getppid() == parent)
+  if os.getppid() != parent:   # the learner was killed: nobody reads
+    outbox.cancel_join_thread()
