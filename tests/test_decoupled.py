@@ -9,6 +9,7 @@ import os
 import pickle
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from cascade_jax import checkpoint  # noqa: E402  pylint: disable=g-import-not-a
 from cascade_jax import rl  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from cascade_jax.rl import _decoupled  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from cascade_jax.rl import _process  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import _run_helpers  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Timings differ between any two runs; everything else must not.
 _TIMING = ('time', 'step_s', 'sample_s', 'score_s', 'train_s', 'weight_sync_s',
@@ -303,10 +305,12 @@ def test_decoupled_weight_sync_shards_cut_the_samplers_blocks():
 
 def test_decoupled_sampler_processes_on_several_hosts_form_their_own_run(
     monkeypatch):
-  import jax  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  # One process stands for both: process 0's verdict is its own.
+  monkeypatch.setattr(_process, '_agree', bool)
   monkeypatch.setattr(distributed.global_state, 'coordinator_address',
                       '10.0.0.1:1234')
   assert rl.sampler_cluster() == dict(
@@ -317,9 +321,26 @@ def test_decoupled_sampler_processes_on_several_hosts_form_their_own_run(
   with pytest.raises(ValueError, match='give the sampler processes.* own as '
                      'rl.rollout_coordinator'):
     rl.sampler_cluster()
+  # Process 0, where the sampler processes' coordinator will listen, checks
+  # its port: one taken (here by a listening socket) is named at once.
+  with socket.socket() as taken:
+    taken.bind(('127.0.0.1', 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    assert _process.port_in_use(f'127.0.0.1:{port}')
+    monkeypatch.setattr(distributed.global_state, 'coordinator_address',
+                        f'127.0.0.1:{port - 1}')
+    assert rl.sampler_cluster()['process_id'] == 1   # process 1 checks nothing
+    monkeypatch.setattr(jax, 'process_index', lambda: 0)
+    with pytest.raises(ValueError, match=(
+        f"coordinator 127.0.0.1:{port} .*cannot listen: the port is taken on "
+        "process 0's host.*give rl.rollout_coordinator='host:port' a free")):
+      rl.sampler_cluster()
+  assert not _process.port_in_use(f'127.0.0.1:{port}')
+  assert rl.sampler_cluster()['process_id'] == 0
 
 
-@pytest.mark.slow  # ~4 min: four processes, six runs; CI runs it
+@pytest.mark.slow  # ~4 min: four processes, seven runs; CI runs it
 @pytest.mark.xdist_group('heavy')  # started first (conftest)
 def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
     sft_dir, tmp_path):
@@ -328,9 +349,10 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   # run of their own on a mirrored mesh, each fed its learner's shards of
   # the weights: the same batches and updates as the one-process schedule
   # sampled inline by the two learner processes; killed after its
-  # checkpoint at 2 and started again, the run ends where it ends. Then
-  # samplers of 2 devices each on a mesh of their own, and a learner mesh
-  # whose shards do not cover what they need.
+  # checkpoint at 2 and started again, the run ends where it ends (its
+  # rows, and its last checkpoint bit for bit). Then the samplers'
+  # coordinator port taken, samplers of 2 devices each on a mesh of their
+  # own, and a learner mesh whose shards do not cover what they need.
   import signal  # pylint: disable=g-import-not-at-top
   import socket  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -339,10 +361,11 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
 
-  def start(name, *args):
-    with socket.socket() as s:
-      s.bind(('127.0.0.1', 0))
-      port = s.getsockname()[1]
+  def start(name, *args, port=None):
+    if port is None:
+      with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
     return [subprocess.Popen(
         [sys.executable, os.path.join(root, 'tests', '_decoupled_worker.py'),
          str(tmp_path / f'{name}.json'), str(i), '2', str(port), sft_dir,
@@ -350,8 +373,8 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for i in range(2)]
 
-  def run(name, *args):
-    procs = start(name, *args)
+  def run(name, *args, port=None):
+    procs = start(name, *args, port=port)
     return [p.communicate(timeout=900)[0] for p in procs], [
         p.returncode for p in procs]
 
@@ -390,6 +413,37 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
       logs[0])
   with open(tmp_path / 'cut.json') as f:
     assert _same(json.load(f)) == _same(rows['process'])
+  # The last checkpoint (step 4), as the two learner processes wrote it:
+  # parameters, optimizer state and data position bit for bit those of the
+  # run that was not killed, and of the learners that sampled inline.
+  final = {w: _run_helpers.final_state(tmp_path / w, sft_dir)
+           for w in ('inline', 'process', 'cut')}
+  assert [final[w][0] for w in final] == [4, 4, 4]
+  assert final['cut'][2] == final['process'][2] == final['inline'][2]
+  assert final['cut'][2]['prompt_position'] > 0
+  for w in ('process', 'cut'):
+    for a, b in zip(jax.tree.leaves(final['inline'][1]),
+                    jax.tree.leaves(final[w][1]), strict=True):
+      np.testing.assert_array_equal(a, b, err_msg=w)
+  # The sampler processes' coordinator port (the learners' + 1) taken on
+  # process 0's host: both learner processes name it at set-up and stop.
+  taken = socket.socket()
+  for _ in range(100):   # a free port whose next one is free too
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      port = s.getsockname()[1]
+    try:
+      taken.bind(('127.0.0.1', port + 1))
+      break
+    except OSError:
+      continue
+  with taken:
+    taken.listen()
+    logs, codes = run('taken', 'process', port=port)
+  assert codes[0] != 0 and codes[1] != 0
+  for log in logs:
+    assert (f"coordinator 127.0.0.1:{port + 1} (rl.rollout_coordinator" in
+            log and 'the port is taken' in log), log[-4000:]
   # Samplers of 2 devices each (rl.rollout_env) on a data 2 x expert 2
   # mesh: each host's learner devices hold every expert (expert 4 within a
   # host), so each sampler cuts its halves from them. Another mesh, other

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cascade_jax import checkpoint
-from cascade_jax import train
+import _run_helpers  # pylint: disable=g-import-not-at-top
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Timings differ between any two runs; everything else must not.
@@ -64,22 +64,6 @@ def _rows(workdir):
   return [{k: v for k, v in r.items() if k not in _TIMING} for r in rows]
 
 
-def _final_state(workdir, sft_dir):
-  """The run's last checkpoint, restored as the stage builds its state."""
-  with open(os.path.join(workdir, 'config.json')) as f:
-    optim = json.load(f)['optim']
-  _, policy, _ = train.restore_run(sft_dir)
-  _, state = train.init_state(policy, train.make_optimizer(
-      train.OptimConfig(**optim)))
-  ck = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'))
-  try:
-    step = ck.latest_step()
-    restored, extra = ck.restore(state.to_checkpoint())
-  finally:
-    ck.close()
-  return step, jax.device_get(restored), extra
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('algorithm', ['grpo', 'mopd', 'decoupled',
                                        'decoupled_thread', 'packed'])
@@ -118,8 +102,8 @@ def test_a_killed_rl_stage_resumes_bit_identically(sft_dir, tmp_path,
 
   subprocess.run(_command(cut, sft_dir, algorithm), cwd=ROOT, env=_env(),
                  check=True, capture_output=True, timeout=600)
-  step_w, state_w, extra_w = _final_state(whole, sft_dir)
-  step_c, state_c, extra_c = _final_state(cut, sft_dir)
+  step_w, state_w, extra_w = _run_helpers.final_state(whole, sft_dir)
+  step_c, state_c, extra_c = _run_helpers.final_state(cut, sft_dir)
   assert step_w == step_c == 6
   assert extra_w == extra_c and extra_c['prompt_position'] > 0
   # A packed run restores its row count (the update's shape) as well.

@@ -17,14 +17,17 @@ worker loop are `_decoupled`'s, shared with the sampler thread.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import multiprocessing
 import os
+import socket
 import time
 import traceback
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from cascade_jax import model as model_lib
 from cascade_jax import utils
@@ -191,9 +194,46 @@ def sampler_cluster(coordinator: str = '') -> dict | None:
           "give the sampler processes' own as rl.rollout_coordinator "
           "('host:port')")
     coordinator = f'{host}:{int(port) + 1}'
+  # Its coordinator runs beside process 0's learner, which checks the port
+  # now: taken, every process says so here, where jax.distributed's own
+  # start would wait out its timeout and abort ('another task died').
+  if _agree(jax.process_index() == 0 and port_in_use(coordinator)):
+    raise ValueError(
+        f"rl: the sampler processes' coordinator {coordinator} (rl."
+        "rollout_coordinator, default the learner's coordinator port + 1) "
+        "cannot listen: the port is taken on process 0's host (a service of "
+        "its own, or the sampler processes of a run that was killed); give "
+        "rl.rollout_coordinator='host:port' a free port")
   return dict(coordinator_address=coordinator,
               num_processes=jax.process_count(),
               process_id=jax.process_index())
+
+
+def port_in_use(address: str) -> bool:
+  """Whether this host cannot listen on the port of `address`
+  ('host:port'), bound as jax.distributed's coordinator binds it (every
+  interface; a port in TIME_WAIT is free)."""
+  port = int(address.rpartition(':')[2])
+  for family, host in ((socket.AF_INET6, '::'), (socket.AF_INET, '')):
+    try:
+      s = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+      continue   # no IPv6 on this host
+    with s:
+      s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        s.bind((host, port))
+      except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+          return True
+        continue   # this family cannot bind here: the next
+      return False
+  return False
+
+
+def _agree(flag: bool) -> bool:
+  """Process 0's `flag`, on every process."""
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
 
 
 def _worker_main(job: dict, inbox, outbox) -> None:

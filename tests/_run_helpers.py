@@ -1,0 +1,34 @@
+"""Helpers for tests that compare whole runs (a killed run against an uninterrupted one)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from cascade_jax import checkpoint
+from cascade_jax import train
+
+
+def final_state(workdir, sft_dir):
+  """An RL run's last checkpoint, restored as the stage builds its state (on
+  one device, whatever mesh or processes wrote it): (step, the state's
+  arrays on the host, the checkpoint's extra record)."""
+  with open(os.path.join(workdir, 'config.json')) as f:
+    optim = json.load(f)['optim']
+  _, policy, _ = train.restore_run(sft_dir)
+  _, state = train.init_state(policy, train.make_optimizer(
+      train.OptimConfig(**optim)))
+  # Onto this process's first device, whatever devices wrote it (a leaf
+  # without a sharding would be restored onto the writer's).
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  like = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=one),
+      state.to_checkpoint())
+  ck = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'))
+  try:
+    step = ck.latest_step()
+    restored, extra = ck.restore(like)
+  finally:
+    ck.close()
+  return step, jax.device_get(restored), extra
