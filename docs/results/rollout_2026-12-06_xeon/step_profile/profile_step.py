@@ -130,26 +130,19 @@ def main(argv):
   print(f'\nThe decode loop\'s ops (run {steps} times in the traced '
         f'generation), us a step; their sum {per_step / 1e3:.3f} ms:')
   print(utils.format_table(['op', 'us a step', 'what'], rows[:30]))
-  # What a step must read from memory: every weight but the embedding
-  # table (64 rows of it), and the KV cache up to each step's length.
-  embed = c.vocab_size * c.embed_dim
-  weights = (sum(x.size for x in jax.tree.leaves(nnx.state(m))) - embed) * 4
-  kv_slot = b * cfg.num_kv_heads * cfg.head_dim * 4 * 2 * c.layers
-  kv = kv_slot * (c.prompt_len + c.new_tokens / 2)   # the steps' mean length
-  a = np.ones(50_000_000, np.float32)
-  out = np.empty_like(a)
-  for _ in range(3):
-    np.copyto(out, a)
-  t0 = time.perf_counter()
-  for _ in range(10):
-    np.copyto(out, a)
-  copy_gbs = 2 * a.nbytes * 10 / (time.perf_counter() - t0) / 1e9
-  floor_ms = (weights + kv) / (copy_gbs * 1e9) * 1e3
-  print(f'\nA step reads {weights / 1e6:.1f} MB of weights (all but the '
-        f'embedding table) and {kv / 1e6:.1f} MB of KV cache on average; '
-        f'this machine copies {copy_gbs:.1f} GB/s (numpy, read + write, one '
-        f'thread): at that rate the reads alone take {floor_ms:.2f} ms, '
-        f'{floor_ms / step_ms:.2f} of the measured step.')
+  # What a step computes: 2 x the weights a token uses (the embedding table
+  # aside: a row is gathered) for each row, and its attention over the
+  # cache up to each step's length (QK and PV: 2 x 2 x slots x head dim a
+  # query head).
+  n = model_lib.count_params(cfg)
+  active = n.active - n.embedding
+  slots = c.prompt_len + c.new_tokens / 2   # the steps' mean length
+  attn = 4 * slots * cfg.head_dim * cfg.num_heads * c.layers
+  flop = b * (2 * active + attn)
+  print(f'\nA step computes {flop / 1e6:.0f} MFLOP (2 x {active / 1e6:.2f} M '
+        f'weights a token, and attention over {slots:.0f} slots on average, '
+        f'x {b} rows): {flop / step_ms / 1e6:.0f} GFLOP/s over the measured '
+        'step.')
   summary = collections.defaultdict(float)
   for name, us, _ in rows:
     w = what.get(name, '?')
