@@ -104,6 +104,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.shapes.update(dict(rl_batch=0, rl_rows_per_micro=1))
     c.variants = ml_collections.ConfigDict({
         '2048 rollouts': dict(rl_batch=2048, rl_rows_per_micro=1)})
+  elif arg == 'qwen3_30b_a3b_rollout_rows':
+    # The sampler's rows a chip: the recipe's 2,048 rollouts a step on
+    # v5p-64 are 64 a chip in one fixed batch (rl.sample_slots=0), 8 a chip
+    # in 8 rounds; each row holds its own 10k-token KV cache (~1 GB bf16).
+    # Prefill and decode (and the sync, for the pod model) at each: their
+    # memory and bytes
+    # (docs/results/plan_rollout_rows_2026-12-06).
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
+    c.variants = ml_collections.ConfigDict({
+        f'{r} rows': dict(rollout_rows=r) for r in (8, 16, 32, 64)})
   elif arg == 'qwen3_30b_a3b_fsdp_expert':
     # The non-expert weights (attention, norms, embeddings) sharded over the
     # expert axis too, not replicated across it: `embed` -> fsdp x expert
@@ -186,6 +197,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
+                     'qwen3_30b_a3b_rollout_rows, '
                      'qwen3_30b_a3b_recipe_batch, qwen3_30b_a3b_fsdp_expert, '
                      'nemotron3_nano_30b_a3b, nemotron3_nano_30b_a3b_ep, '
                      'small, small_hybrid)')

@@ -10,10 +10,12 @@ counted), scaled to the recipe's batch:
 - update: the GRPO step's counted time (one 10,239-position rollout a
   chip, `--mesh`), times the micro-batches the recipe's batch needs
   (`--prompts` x `--rollouts` rollouts over the chips);
-- generation: the decode step's compiled time (8 rows a chip, a
-  10,240-slot cache) times `--response` tokens, plus the prefill's counted
-  time, times the rounds of rows the batch needs (every row decoded to the
-  budget: no long tail, no continuous batching);
+- generation: the decode step's compiled time (its rows a chip, 8 in the
+  plan's default, `--variant` picks another of the sampler plan's; a
+  10,240-slot cache) times `--response` tokens, times the rounds of rows
+  the batch needs (every row decoded to the budget: no long tail, no
+  continuous batching), plus the learner plan's prefill time for every
+  row (its rows a prefill step; a prefill is bound by its FLOPs);
 - sync: the weight sync's compiled time; rewards: not modelled (host work,
   overlapped with the next round's decoding in both loops).
 
@@ -56,16 +58,22 @@ _MIN_L = flags.DEFINE_integer('min_learner_chips', 8,
                               'Fewest chips the learner fits on.')
 _PER_HOST = flags.DEFINE_integer('chips_per_host', 4,
                                  "Chips a host (v5p's 4).")
+_VARIANT = flags.DEFINE_string(
+    'variant', '', "The sampler plan's variant (e.g. '64 rows': "
+    'configs/plan.py:qwen3_30b_a3b_rollout_rows) for the decode and sync '
+    'rows.')
 _OUT = flags.DEFINE_string('out', '', 'Writes model.json here if set.')
 
 
-def _row(path, mesh, step):
+def _row(path, mesh, step, variant=''):
   with open(path) as f:
     rows = json.load(f)
   for r in rows:
-    if r['mesh'] == mesh and r['step'] == step:
+    if (r['mesh'] == mesh and r['step'] == step and
+        r.get('variant', '') == variant):
       return r
-  raise ValueError(f'{path}: no {step} row on {mesh}')
+  raise ValueError(f'{path}: no {step} row on {mesh}'
+                   + (f' at variant {variant!r}' if variant else ''))
 
 
 def _ms(r):
@@ -75,18 +83,25 @@ def _ms(r):
 
 
 def phases(mesh: str) -> dict:
+  v = _VARIANT.value
   grpo = _row(_LEARNER.value, mesh, 'grpo')
+  # The learner plan's prefill (its counted, FLOP-bound time: XLA's count
+  # of the grouped matmuls' bytes prices their worst-case buffers), per row.
   prefill = _row(_LEARNER.value, mesh, 'prefill')
-  decode = _row(_SAMPLER.value, mesh, 'decode')
-  sync = _row(_SAMPLER.value, mesh, 'sync')
+  decode = _row(_SAMPLER.value, mesh, 'decode', v)
+  sync = _row(_SAMPLER.value, mesh, 'sync', v)
   chips = int(mesh.split('(')[1].rstrip(')'))
   rows = _PROMPTS.value * _ROLLOUTS.value
   # The update's compiled step: one rollout a chip.
   micro = -(-rows // chips)
-  # The sampler's: decode['tokens'] rows over the mesh.
+  # The sampler's: decode['tokens'] rows over the mesh a round; the
+  # prefill's tokens are its rows x the prompt.
   rounds = -(-rows // decode['tokens'])
-  gen = rounds * (_ms(prefill) + _RESPONSE.value * _ms(decode)) / 1e3
+  prefills = -(-rows // (prefill['tokens'] // _PROMPT.value))
+  gen = (prefills * _ms(prefill) +
+         rounds * _RESPONSE.value * _ms(decode)) / 1e3
   return dict(chips=chips, rows=rows, micro_batches=micro, rounds=rounds,
+              prefills=prefills, decode_rows=decode['tokens'],
               update_s=micro * _ms(grpo) / 1e3, generation_s=gen,
               sync_s=_ms(sync) / 1e3, decode_ms=_ms(decode),
               prefill_ms=_ms(prefill), grpo_ms=_ms(grpo))
@@ -119,8 +134,9 @@ def main(argv):
   p = m['phases']
   print(f"{_MESH.value}: {p['rows']} rollouts a step ({_PROMPTS.value} x "
         f"{_ROLLOUTS.value}), {_RESPONSE.value}-token responses, v5p roofline")
-  print(f"  generation {p['generation_s']:.1f} s ({p['rounds']} rounds of "
-        f"prefill {p['prefill_ms']:.0f} ms + {_RESPONSE.value} x "
+  print(f"  generation {p['generation_s']:.1f} s ({p['prefills']} x "
+        f"prefill {p['prefill_ms']:.0f} ms + {p['rounds']} rounds of "
+        f"{p['decode_rows']} rows x {_RESPONSE.value} x "
         f"{p['decode_ms']:.1f} ms), update {p['update_s']:.1f} s "
         f"({p['micro_batches']} x {p['grpo_ms']:.0f} ms), sync "
         f"{p['sync_s'] * 1e3:.0f} ms")
