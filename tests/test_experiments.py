@@ -200,6 +200,26 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
   # learner process): whole chips a host of v5p-64's 8 hosts of 4.
   assert [(s['learner_chips'], s['sampler_chips']) for s in m['splits']
           if s['runs_on_a_pod']] == [(8, 24), (16, 16), (24, 8)]
+  # Another sampler variant of rows a chip: its decode rounds, the same
+  # prefill work per row (the learner plan's 256-row prefill, 8 of them).
+  plan = [dict(r, variant='64 rows', tokens=2048) for r in json.load(open(
+      os.path.join(_ROOT, 'docs/results/plan_layer_arrays_2026-12-05/plan/'
+                   'results.json'))) if r['mesh'] == 'v5p-64 (32)']
+  (tmp_path / 'rows.json').write_text(json.dumps(plan))
+  subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',
+                  f'--sampler={tmp_path / "rows.json"}', '--variant=64 rows',
+                  f'--out={out}'], cwd=_ROOT, check=True, capture_output=True,
+                 timeout=120)
+  v = json.loads(out.read_text())['phases']
+  assert (v['rounds'], v['prefills'], v['decode_rows']) == (1, 8, 2048)
+  assert v['generation_s'] == pytest.approx(
+      (8 * v['prefill_ms'] + 8192 * v['decode_ms']) / 1e3)
+  assert (p['rounds'], p['prefills']) == (8, 8)
+  with pytest.raises(subprocess.CalledProcessError) as e:
+    subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',
+                    '--variant=3 rows'], cwd=_ROOT, check=True,
+                   capture_output=True, text=True, timeout=120)
+  assert "no decode row on v5p-64 (32) at variant '3 rows'" in e.value.stderr
 
 
 _CACHED_PROGRAM = r'''
