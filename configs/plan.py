@@ -13,9 +13,9 @@ otherwise fake CPU devices.
 
 The 30B shapes, per device: SFT one packed 8k-token row; RL one rollout
 (a 2k prompt + an 8k response: 10,239 scored positions) per device and
-update; the sampler 8 rows, 2k-token prompts, a 10k-token KV cache. The
-plan compiles strict (`ops_strict`): a kernel that would fall back to XLA
-at these shapes is an error, not a quiet slow step.
+update; the sampler 32 rows (Qwen3; the hybrid 8), 2k-token prompts, a
+10k-token KV cache. The plan compiles strict (`ops_strict`): a kernel that
+would fall back to XLA at these shapes is an error, not a quiet slow step.
 """
 
 import ml_collections
@@ -84,7 +84,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.cost_meshes = 'v5p-64'
     c.shapes = ml_collections.ConfigDict(dict(
         sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=RL_SEQ_30B,
-        rl_micro_batches=1, rollout_rows=8, prompt_len=2048,
+        # The sampler's rows a chip: the most whose prefill and decode
+        # leave 10 GB of a v5p free, 32 (8 before 2026-12-06: 2 rounds of
+        # the recipe's 2,048 rollouts on v5p-64 instead of 8; 64, the
+        # code's one fixed batch there, leaves 5.8 GB in the prefill:
+        # rl.sample_slots=1024; docs/results/plan_rollout_rows_2026-12-06).
+        rl_micro_batches=1, rollout_rows=32, prompt_len=2048,
         cache_len=RL_SEQ_30B + 1))
   elif arg == 'qwen3_30b_a3b_micro':
     # The GRPO update over more rollouts per device than fit at once, in

@@ -2,7 +2,8 @@
 
   python -m experiments.decoupled_model \
       --learner=docs/results/plan_2026-12-02_issue29/results.json \
-      --sampler=docs/results/plan_decode_2026-12-03/inference_direct/results.json
+      --sampler=docs/results/plan_rollout_rows_2026-12-06/plan/results.json \
+      --variant='32 rows'
 
 Not a measurement: each phase's time is the plan's v5p roofline for its
 compiled step (max(FLOPs / peak, HBM bytes / bandwidth), communication not
@@ -10,9 +11,9 @@ counted), scaled to the recipe's batch:
 - update: the GRPO step's counted time (one 10,239-position rollout a
   chip, `--mesh`), times the micro-batches the recipe's batch needs
   (`--prompts` x `--rollouts` rollouts over the chips);
-- generation: the decode step's compiled time (its rows a chip, 8 in the
-  plan's default, `--variant` picks another of the sampler plan's; a
-  10,240-slot cache) times `--response` tokens, times the rounds of rows
+- generation: the decode step's compiled time (its rows a chip: the
+  sampler plan's `--variant`, 32 by default; '' for a plan without
+  variants; a 10,240-slot cache) times `--response` tokens, times the rounds of rows
   the batch needs (every row decoded to the budget: no long tail, no
   continuous batching), plus the learner plan's prefill time for every
   row (its rows a prefill step; a prefill is bound by its FLOPs);
@@ -46,9 +47,8 @@ _LEARNER = flags.DEFINE_string(
     'learner', 'docs/results/plan_2026-12-02_issue29/results.json',
     'Plan results with the grpo and prefill rows.')
 _SAMPLER = flags.DEFINE_string(
-    'sampler', 'docs/results/plan_decode_2026-12-03/inference_direct/'
-    'results.json', 'Plan results with the decode and sync rows (compiled '
-    'at depth).')
+    'sampler', 'docs/results/plan_rollout_rows_2026-12-06/plan/results.json',
+    'Plan results with the decode and sync rows (compiled at depth).')
 _MESH = flags.DEFINE_string('mesh', 'v5p-64 (32)', 'The rows\' mesh.')
 _PROMPTS = flags.DEFINE_integer('prompts', 128, 'Prompts a step (recipe).')
 _ROLLOUTS = flags.DEFINE_integer('rollouts', 16, 'Rollouts a prompt (recipe).')
@@ -59,7 +59,7 @@ _MIN_L = flags.DEFINE_integer('min_learner_chips', 8,
 _PER_HOST = flags.DEFINE_integer('chips_per_host', 4,
                                  "Chips a host (v5p's 4).")
 _VARIANT = flags.DEFINE_string(
-    'variant', '', "The sampler plan's variant (e.g. '64 rows': "
+    'variant', '32 rows', "The sampler plan's variant (e.g. '64 rows': "
     'configs/plan.py:qwen3_30b_a3b_rollout_rows) for the decode and sync '
     'rows.')
 _OUT = flags.DEFINE_string('out', '', 'Writes model.json here if set.')

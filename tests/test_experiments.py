@@ -214,7 +214,8 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
   assert (v['rounds'], v['prefills'], v['decode_rows']) == (1, 8, 2048)
   assert v['generation_s'] == pytest.approx(
       (8 * v['prefill_ms'] + 8192 * v['decode_ms']) / 1e3)
-  assert (p['rounds'], p['prefills']) == (8, 8)
+  # The default: the plan's 32 rows a chip (1,024 on v5p-64), 2 rounds.
+  assert (p['rounds'], p['prefills'], p['decode_rows']) == (2, 8, 1024)
   with pytest.raises(subprocess.CalledProcessError) as e:
     subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',
                     '--variant=3 rows'], cwd=_ROOT, check=True,
