@@ -28,6 +28,16 @@ _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'If set, writes config.json and results.json here.')
 
 
+def model_config(c) -> model_lib.ModelConfig:
+  """The benchmark's Qwen3-MoE-shaped model (exportable to transformers)."""
+  return model_lib.ModelConfig(
+      vocab_size=c.vocab_size, embed_dim=c.embed_dim, pattern='*E' * c.layers,
+      num_heads=4, num_kv_heads=2, head_dim=c.embed_dim // 4, qk_norm=True,
+      rope_theta=1e6, moe=model_lib.MoEConfig(
+          num_experts=c.num_experts, top_k=c.top_k, expert_dim=c.expert_dim,
+          dispatch=c.dispatch))
+
+
 def main(argv):
   del argv
   import torch  # pylint: disable=g-import-not-at-top
@@ -35,12 +45,7 @@ def main(argv):
   c = _CONFIG.value
   if c.torch_threads:
     torch.set_num_threads(c.torch_threads)
-  cfg = model_lib.ModelConfig(
-      vocab_size=c.vocab_size, embed_dim=c.embed_dim, pattern='*E' * c.layers,
-      num_heads=4, num_kv_heads=2, head_dim=c.embed_dim // 4, qk_norm=True,
-      rope_theta=1e6, moe=model_lib.MoEConfig(
-          num_experts=c.num_experts, top_k=c.top_k, expert_dim=c.expert_dim,
-          dispatch=c.dispatch))
+  cfg = model_config(c)
   ours = model_lib.Transformer(cfg, rngs=nnx.Rngs(0))
   path = tempfile.mkdtemp()
   checkpoint.save_hf_qwen3_moe(cfg, ours, path)

@@ -78,14 +78,10 @@ def main(argv):
   from cascade_jax import rollout  # pylint: disable=g-import-not-at-top
   from cascade_jax import utils  # pylint: disable=g-import-not-at-top
   from configs import bench_rollout  # pylint: disable=g-import-not-at-top
+  from experiments import bench_rollout as bench_rollout_lib  # pylint: disable=g-import-not-at-top
   c = bench_rollout.get_config()
   b = _BATCH.value
-  cfg = model_lib.ModelConfig(
-      vocab_size=c.vocab_size, embed_dim=c.embed_dim, pattern='*E' * c.layers,
-      num_heads=4, num_kv_heads=2, head_dim=c.embed_dim // 4, qk_norm=True,
-      rope_theta=1e6, moe=model_lib.MoEConfig(
-          num_experts=c.num_experts, top_k=c.top_k, expert_dim=c.expert_dim,
-          dispatch=c.dispatch))
+  cfg = bench_rollout_lib.model_config(c)
   m = model_lib.split_model(model_lib.Transformer(cfg, rngs=nnx.Rngs(0)))
   prompts = np.random.RandomState(0).randint(
       1, c.vocab_size, (b, c.prompt_len)).tolist()
