@@ -13,10 +13,10 @@ counted), scaled to the recipe's batch:
   (`--prompts` x `--rollouts` rollouts over the chips);
 - generation: the decode step's compiled time (its rows a chip: the
   sampler plan's `--variant`, 32 by default; '' for a plan without
-  variants; a 10,240-slot cache) times `--response` tokens, times the rounds of rows
-  the batch needs (every row decoded to the budget: no long tail, no
-  continuous batching), plus the learner plan's prefill time for every
-  row (its rows a prefill step; a prefill is bound by its FLOPs);
+  variants; a 10,240-slot cache) times `--response` tokens, times the
+  rounds of rows the batch needs (every row decoded to the budget: no long
+  tail, no continuous batching), plus the learner plan's prefill time for
+  every row (its rows a prefill step; a prefill is bound by its FLOPs);
 - sync: the weight sync's compiled time; rewards: not modelled (host work,
   overlapped with the next round's decoding in both loops).
 

@@ -6,11 +6,11 @@
 The stage of tests/test_decoupled.py (the main job's model, the quick RL
 config, instruction following) on a data 2 x expert 4 mesh (or `MESH`,
 'expert=8') over two processes of 4 CPU devices, one update behind
-(`max_staleness` 1), 4 steps, a checkpoint every 2; `WORKER` 'inline' samples in the learner's
-processes, 'process' in a sampler process beside each, which form a
-jax.distributed run of their own (`ENV`: their `rl.rollout_env`;
-`ROLLOUT_MESH`: their `rl.rollout_mesh`). Writes the stage's metric rows
-to OUT.json (process 0).
+(`max_staleness` 1), 4 steps, a checkpoint every 2; `WORKER` 'inline'
+samples in the learner's processes, 'process' in a sampler process beside
+each, which form a jax.distributed run of their own (`ENV`: their
+`rl.rollout_env`; `ROLLOUT_MESH`: their `rl.rollout_mesh`). Writes the
+stage's metric rows to OUT.json (process 0).
 """
 
 import json

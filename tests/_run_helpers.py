@@ -1,7 +1,8 @@
-"""Helpers for tests that compare whole runs (a killed run against an uninterrupted one)."""
+"""Helpers for tests that run stages in processes of their own and compare whole runs (a killed run against an uninterrupted one)."""
 
 import json
 import os
+import socket
 
 import jax
 import numpy as np
@@ -32,3 +33,10 @@ def final_state(workdir, sft_dir):
   finally:
     ck.close()
   return step, jax.device_get(restored), extra
+
+
+def free_port() -> int:
+  """A port on 127.0.0.1 that nothing holds now (for a coordinator)."""
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]

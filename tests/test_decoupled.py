@@ -362,10 +362,7 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
 
   def start(name, *args, port=None):
-    if port is None:
-      with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
+    port = port or _run_helpers.free_port()
     return [subprocess.Popen(
         [sys.executable, os.path.join(root, 'tests', '_decoupled_worker.py'),
          str(tmp_path / f'{name}.json'), str(i), '2', str(port), sft_dir,
@@ -429,14 +426,14 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   # process 0's host: both learner processes name it at set-up and stop.
   taken = socket.socket()
   for _ in range(100):   # a free port whose next one is free too
-    with socket.socket() as s:
-      s.bind(('127.0.0.1', 0))
-      port = s.getsockname()[1]
+    port = _run_helpers.free_port()
     try:
       taken.bind(('127.0.0.1', port + 1))
       break
     except OSError:
       continue
+  else:
+    raise AssertionError('no two free ports in a row on 127.0.0.1')
   with taken:
     taken.listen()
     logs, codes = run('taken', 'process', port=port)

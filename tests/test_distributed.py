@@ -1,22 +1,17 @@
 """Two processes on 127.0.0.1 (jax.distributed + gloo) train like one, and decide rewards once."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import _run_helpers  # pylint: disable=g-import-not-at-top
+
 _WORKER = os.path.join(os.path.dirname(__file__), '_distributed_worker.py')
 _COLLECT = os.path.join(os.path.dirname(__file__), '_collect_worker.py')
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _env():
@@ -28,7 +23,7 @@ def _env():
 def _start_pair(worker, outs):
   """`worker` as processes 0 and 1 of one jax.distributed run on
   127.0.0.1, process i writing outs[i]."""
-  port = _free_port()
+  port = _run_helpers.free_port()
   return [subprocess.Popen(
       [sys.executable, worker, str(outs[i]), str(i), '2', str(port)],
       env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

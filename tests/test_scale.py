@@ -4,7 +4,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 from configs import cascade as cascade_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import plan as plan_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+import _run_helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 MESHES = {'data2_expert4': dict(data=2, expert=4),
           'fsdp2_tensor2_expert2': dict(fsdp=2, tensor=2, expert=2)}
@@ -581,12 +581,6 @@ def _cascade_in_a_process(mesh, workdir, if_rl_steps=None) -> list[dict]:
   return json.load(open(out_json))
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _launch(workdir, i, port, log):
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   env.update(XLA_FLAGS='--xla_force_host_platform_device_count=4',
@@ -611,7 +605,7 @@ def _check_two_processes_resume_after_a_kill(mesh_cascades, tmp_path):
   # the run ends where one process on the same mesh ends.
   work = tmp_path / 'two'
   logs = [open(tmp_path / f'p{i}.log', 'w') for i in range(2)]
-  port = _free_port()
+  port = _run_helpers.free_port()
   procs = [_launch(work, i, port, logs[i]) for i in range(2)]
   ckpt = work / 'if_rl' / 'checkpoints' / '1'
   deadline = time.time() + 1500
@@ -627,7 +621,7 @@ def _check_two_processes_resume_after_a_kill(mesh_cascades, tmp_path):
   time.sleep(2)
   procs[0].kill()
   procs[0].wait()
-  port = _free_port()
+  port = _run_helpers.free_port()
   procs = [_launch(work, i, port, logs[i]) for i in range(2)]
   for p in procs:
     assert p.wait(timeout=1500) == 0, open(tmp_path / 'p0.log').read()[-3000:]
