@@ -24,6 +24,8 @@ from cascade_jax import utils
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
+# The tests' own helpers, also when a subprocess runs this file with runpy.
+sys.path.insert(0, os.path.join(_ROOT, 'tests'))
 from configs import cascade as cascade_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import plan as plan_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 import _run_helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
