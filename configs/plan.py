@@ -90,7 +90,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # code's one fixed batch there, leaves 5.8 GB in the prefill:
         # rl.sample_slots=1024; docs/results/plan_rollout_rows_2026-12-06).
         rl_micro_batches=1, rollout_rows=32, prompt_len=2048,
-        cache_len=RL_SEQ_30B + 1))
+        cache_len=RL_SEQ_30B + 1,
+        # Continuous batching's prefill (rl.prefill_rows), rows a chip: 0,
+        # every free row at once (docs/results/plan_prefill_rows_2026-12-07).
+        prefill_rows=0))
   elif arg == 'qwen3_30b_a3b_micro':
     # The GRPO update over more rollouts per device than fit at once, in
     # micro-batches (one optimizer step, gradients accumulated): rollouts
@@ -120,6 +123,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
     c.variants = ml_collections.ConfigDict({
         f'{r} rows': dict(rollout_rows=r) for r in (8, 16, 32, 64)})
+  elif arg == 'qwen3_30b_a3b_prefill_rows':
+    # Continuous batching's first fill in chunks (rl.prefill_rows): the
+    # prefill of 4, 8 or 16 rows a chip into the 32-row cache, and of 8 into
+    # a 64-row one (the code's fixed batch there), against the whole 32-row
+    # prefill (docs/results/plan_prefill_rows_2026-12-07).
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.only = 'prefill', 'v5p-64'
+    c.variants = ml_collections.ConfigDict({
+        f'{r} rows, prefill {k}': dict(rollout_rows=r, prefill_rows=k)
+        for r, k in ((32, 4), (32, 8), (32, 16), (64, 8))})
   elif arg == 'qwen3_30b_a3b_fsdp_expert':
     # The non-expert weights (attention, norms, embeddings) sharded over the
     # expert axis too, not replicated across it: `embed` -> fsdp x expert
@@ -202,7 +215,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   else:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
-                     'qwen3_30b_a3b_rollout_rows, '
+                     'qwen3_30b_a3b_rollout_rows, qwen3_30b_a3b_prefill_rows, '
                      'qwen3_30b_a3b_recipe_batch, qwen3_30b_a3b_fsdp_expert, '
                      'nemotron3_nano_30b_a3b, nemotron3_nano_30b_a3b_ep, '
                      'small, small_hybrid)')

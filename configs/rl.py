@@ -57,7 +57,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # stage's first update sizes the learner's MoE capacity for that much
   # more load than its batch needs (each larger capacity compiles again).
   # sample_slots: continuous batching of a single-turn step's rollouts, that
-  # many rows at a time, a key a rollout (0: one fixed batch; one device).
+  # many rows at a time, a key a rollout (0: one fixed batch; one device);
+  # prefill_rows: the most of them one prefill takes (0: all free ones; a
+  # pod's first fill of every slot can outgrow the decode's memory).
   # episode_slots: the same for an episode stage's episodes, each row on its
   # own turn, a key an episode.
   c.rl = ml_collections.ConfigDict(dict(
@@ -73,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       rollout_cpus='', rollout_coordinator='', rollout_env='',
       rollout_devices=0,
       rollout_mesh='',
-      sample_slots=0, episode_slots=0))
+      sample_slots=0, prefill_rows=0, episode_slots=0))
   c.optim = ml_collections.ConfigDict(dict(
       lr=2e-4, warmup_steps=10, decay_steps=1000, end_lr_frac=1.0, b1=0.9,
       b2=0.95, weight_decay=0.0, clip_norm=1.0, schedule='constant',

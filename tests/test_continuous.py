@@ -93,6 +93,30 @@ def test_continuous_batching_on_the_main_job_model():
   assert len(set(np.asarray(ref.mask.sum(1)).tolist())) > 3
 
 
+def test_continuous_prefill_in_chunks_samples_what_one_prefill_samples():
+  # rl.prefill_rows on the main job's sampler model: the first fill of 8
+  # slots in prefills of at most 3 rows (3, 3, 2), the refills too; the
+  # same samples as the plain sampler's for the same keys.
+  m = rollout.main_job_model()
+  rng = np.random.RandomState(2)
+  prompts = [rng.randint(40, 1024, k).tolist() for k in rng.randint(5, 30, 14)]
+  sc = rollout.SampleConfig(max_new_tokens=16, prompt_bucket=32,
+                            temperature=1.0)
+  stops = tuple(range(1, 40))
+  keys = jax.random.split(jax.random.key(1), len(prompts))
+  ref = rollout.generate(m, prompts, cfg=sc, stop_ids=stops, key=keys,
+                         record_experts=True)
+  stats = {}
+  out = rollout.generate_continuous(m, prompts, cfg=sc, stop_ids=stops,
+                                    slots=8, keys=keys, record_experts=True,
+                                    prefill_rows=3, stats=stats)
+  _assert_same_samples(ref, out, prompts)
+  assert stats['max_prefill'] == 3 and stats['refills'] >= 5, stats
+  with pytest.raises(ValueError, match='prefill_rows must be >= 0'):
+    rollout.generate_continuous(m, prompts, cfg=sc, stop_ids=stops, slots=8,
+                                prefill_rows=-1)
+
+
 def test_per_row_keys_make_a_row_independent_of_its_neighbours():
   m = model.Transformer(model.tiny(vocab_size=48, pattern='*E*E'),
                         rngs=nnx.Rngs(0))

@@ -351,6 +351,25 @@ def test_plan_compiles_the_grpo_update_in_micro_batches():
     aot.run(c, progress=lambda s: None)
 
 
+def test_plan_prefill_in_chunks_writes_into_the_whole_cache():
+  # shapes.prefill_rows (rl.prefill_rows): continuous batching's prefill of
+  # 1 row a device written into the 4-row cache (donated, in place) needs
+  # fewer temporaries than the whole 4-row prefill; the cache is an argument
+  # of both, the tokens those of the rows prefilled.
+  c = plan_config.get_config('small')
+  c.only, c.steps = 'data2_expert4', 'prefill'
+  c.shapes.prefill_rows = 0
+  c.variants = ml_collections.ConfigDict({
+      'whole': dict(rollout_rows=4, prefill_rows=0),
+      'chunk': dict(rollout_rows=4, prefill_rows=1)})
+  whole, chunk = aot.run(c, progress=lambda s: None)
+  assert (whole.variant, chunk.variant) == ('whole', 'chunk')
+  assert chunk.tokens * 4 == whole.tokens == 4 * 8 * 32   # rows x 8 devices
+  assert chunk.temp_bytes < 0.6 * whole.temp_bytes, (chunk, whole)
+  assert chunk.argument_bytes == pytest.approx(whole.argument_bytes, rel=1e-3)
+  assert chunk.alias_bytes >= whole.alias_bytes > 0     # the cache, in place
+
+
 def test_counted_flops_include_attention():
   cfg = aot.model_config(plan_config.get_config('qwen3_30b_a3b'))
   shapes = plan_config.get_config('qwen3_30b_a3b').shapes.to_dict()

@@ -6,7 +6,9 @@ with `jax.ShapeDtypeStruct`s only (no weights exist anywhere):
   sft      the SFT train step (forward, backward, AdamW) on packed rows
   grpo     the RL update on rollouts (routing replay, sampler log-probs)
   mopd     the same update with the teacher's log-probs
-  prefill  the sampler's prompt pass, writing the KV cache
+  prefill  the sampler's prompt pass, writing the KV cache (with the shape
+           `prefill_rows`: continuous batching's, that many rows prefilled
+           and written into the `rollout_rows`-row cache)
   decode   one sampler decode step over the cache
   sync     the weight sync: the sampler's copy of the learner's weights in
            the config's `sampler_dtype` and `sampler_layout`
@@ -154,7 +156,9 @@ def _abstract_rl(cfg, ctx, opt, rows, seq, algorithm, micro_batches=1):
       correction=rc.correction(cfg.param_dtype, cfg.dtype))
 
 
-def _abstract_cache(cfg, ctx, rows, length):
+def _abstract_cache(cfg, ctx, rows, length, row_index=False):
+  """The sampler's KV cache of `rows` rows; `row_index`: a write index a
+  row (continuous batching's), else one for the batch."""
   cache = jax.eval_shape(lambda: model_lib.init_cache(cfg, rows, length))
   kv = lambda a: _sds(a.shape, a.dtype, ctx.sharding(
       ('batch', 'kv_heads', None, None), a.shape))
@@ -169,7 +173,10 @@ def _abstract_cache(cfg, ctx, rows, length):
       k=tuple(kv(a) for a in cache.k), v=tuple(kv(a) for a in cache.v),
       positions=rowwise(cache.positions),
       segment_ids=rowwise(cache.segment_ids),
-      index=_sds((), jnp.int32, NamedSharding(ctx.mesh, P())), mamba=mamba)
+      index=(_sds((rows,), jnp.int32, ctx.sharding(('batch',), (rows,)))
+             if row_index else
+             _sds((), jnp.int32, NamedSharding(ctx.mesh, P()))),
+      mamba=mamba)
 
 
 @functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
@@ -182,6 +189,23 @@ def _prefill(graph, state, cache, tokens):
       cache=cache, layouts=rollout.model_decode_weights(model, b),
       last_logits_only=True, fresh=True)
   return logits, cache
+
+
+@functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
+def _prefill_into(graph, state, cache, tokens, which):
+  """Continuous batching's prefill of k prompts (`rl.prefill_rows`,
+  `rollout.generate_continuous`): into a fresh k-row cache, then written
+  into rows `which` of the sampler's B-row cache (donated: in place)."""
+  model = nnx.merge(graph, state)
+  k, t = tokens.shape
+  fresh = model_lib.init_cache(model.cfg, k, cache.max_len)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (k, t))
+  logits, fresh, _ = rollout.forward(
+      model, tokens, positions_bt=pos, segment_ids_bt=jnp.ones_like(tokens),
+      cache=fresh, layouts=rollout.model_decode_weights(model, k),
+      last_logits_only=True, fresh=True)
+  cache = rollout.put_rows(cache, fresh, which, jnp.full((k,), t, jnp.int32))
+  return logits, sharding.constrain_rows(model.ctx, cache)
 
 
 @functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
@@ -224,15 +248,24 @@ def _weight_layout(ctx, shapes) -> str:
 
 
 def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None,
-                      weight_layout='default', layer_arrays=False):
+                      weight_layout='default', layer_arrays=False,
+                      prefill_rows=0):
   """The sampler's prefill or decode step on its weights as the weight sync
   writes them: in `weight_layout`, and one array a layer (`layer_arrays`)
-  where the sync copies them (`rl.sampler_tree`)."""
+  where the sync copies them (`rl.sampler_tree`). A prefill of
+  `prefill_rows` (fewer than `rows`) is continuous batching's: those rows
+  prefilled, then written into the `rows`-row cache."""
   model = train.abstract_model(cfg, model_ctx or ctx)
   graph, state = nnx.split(model)
   state = rl.sampler_tree(
       state, rl.weight_formats(state) if weight_layout == 'decode' else None,
       layer_arrays=layer_arrays)
+  if which == 'prefill' and 0 < prefill_rows < rows:
+    cache = _abstract_cache(cfg, ctx, rows, length, row_index=True)
+    new = _rows(ctx, {'tokens': (prefill_rows, prompt),
+                      'which': (prefill_rows,)}, {})
+    return _prefill_into, (graph, state, cache, new['tokens'],
+                           new['which']), {}
   cache = _abstract_cache(cfg, ctx, rows, length)
   t = prompt if which == 'prefill' else 1
   tokens = _rows(ctx, {'tokens': (rows, t)}, {})['tokens']
@@ -279,11 +312,12 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
       cfg, ctx.mesh.devices.flat[0].platform) or rl.sync_copies(
           learner, target, (rl.weight_formats(target)
                             if weight_layout == 'decode' else None))
+  chunk = min(shapes.get('prefill_rows', 0) or rows, rows)
   return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
                            shapes['cache_len'], step, model_ctx,
-                           weight_layout, copied) + (
-                               rows * (shapes['prompt_len'] if step == 'prefill'
-                                       else 1),)
+                           weight_layout, copied, chunk) + (
+                               chunk * shapes['prompt_len'] if step == 'prefill'
+                               else rows,)
 
 
 def _compile(step: str, cfg, ctx, opt, shapes):

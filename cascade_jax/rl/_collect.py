@@ -204,7 +204,8 @@ def _sample_replies(policy, tok, stream, recs, cfg: RLConfig, key, reward_fn,
         cfg=dataclasses.replace(cfg.sample_config, prompt_bucket=1),
         stop_ids=tok.stop_ids, slots=min(cfg.sample_slots, len(prompts)),
         pad_id=tok.pad_id, keys=jax.random.split(key, len(prompts)),
-        record_experts=cfg.routing_replay, prompt_width=width)
+        record_experts=cfg.routing_replay, prompt_width=width,
+        prefill_rows=cfg.prefill_rows)
   else:
     # A refill round's fewer rows sample in the first round's shape (its
     # rows' draws are unchanged): compiling a sampler per refill size cost

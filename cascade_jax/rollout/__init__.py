@@ -9,6 +9,7 @@ from cascade_jax.rollout._decode import model_decode_weights
 from cascade_jax.rollout._decode import moe_step
 from cascade_jax.rollout._decode import PREFILL_ROWS_PER_EXPERT
 from cascade_jax.rollout._continuous import generate_continuous
+from cascade_jax.rollout._continuous import put_rows
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import generate_padded
 from cascade_jax.rollout._sampler import keep_top_n

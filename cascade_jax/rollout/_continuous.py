@@ -232,7 +232,8 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
                         refill: int | None = None,
                         record_experts: bool = False,
                         stats: dict | None = None,
-                        prompt_width: int = 0) -> _sampler.Rollout:
+                        prompt_width: int = 0,
+                        prefill_rows: int = 0) -> _sampler.Rollout:
   """Samples one continuation per prompt, `slots` rows at a time, refilled as rows end.
 
   Args:
@@ -248,9 +249,18 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
       device loop stops to prefill the next ones; default slots // 8, at
       least 1. Fewer prefills of more rows, against rows left idle longer.
     stats: if a dict, gets `steps` (decode steps), `refills` (prefill
-      calls) and `row_steps` (live row-steps) of this call.
+      calls), `max_prefill` (the most rows one of them took, padding
+      included) and `row_steps` (live row-steps) of this call.
     prompt_width: prompts left-padded to at least this width (`pad_prompts`'
       `width`: a run's longest prompt, so that every call has one shape).
+    prefill_rows: the most rows one prefill takes (rounded up to a multiple
+      of the batch devices), the first fill of every slot included; 0: every
+      free row at once. A prefill's activations grow with its rows x prompt
+      width, the decode loop's with the rows' caches only: on a pod the
+      first fill of every slot can need far more memory than the decode
+      (docs/results/plan_prefill_rows_2026-12-07). Chunks of fewer rows
+      bound that peak at the price of more, smaller prefills; the samples
+      are the same.
 
   Returns:
     A `Rollout` of R rows in the order of `prompts`, equal to `generate`'s
@@ -258,6 +268,9 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   """
   if slots < 1:
     raise ValueError(f'generate_continuous: slots must be >= 1, got {slots}')
+  if prefill_rows < 0:
+    raise ValueError('generate_continuous: prefill_rows must be >= 0 (0: '
+                     f'every free row at once), got {prefill_rows}')
   ctx = getattr(model, 'ctx', None)
   shards = 1 if ctx is None else ctx.shards('batch')
   slots = -(-slots // shards) * shards
@@ -276,6 +289,8 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   b, n = slots, cfg.max_new_tokens
   mcfg = model.cfg
   layouts = _layouts(graph, state, b)
+  # The rows one prefill takes: a multiple of the batch devices, at most b.
+  cap = min(b, -(-prefill_rows // shards) * shards) if prefill_rows else b
   rows = _new_rows(ctx, mcfg, b, p, n, record_experts, pad_id)
   moe = _moe_shape(mcfg, record_experts)
   out = _Out(toks=jnp.full((r, n), pad_id, jnp.int32),
@@ -285,11 +300,11 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   static = dict(cfg=cfg, stop_ids=stop_ids)
   waiting = collections.deque(range(r))
   done = np.ones((b,), bool)
-  refills, steps = 0, []
+  refills, max_prefill, steps = 0, 0, []
   while True:
-    if waiting and done.any():
-      free = np.flatnonzero(done)[:len(waiting)]
-      k = _bucket(len(free), b, shards)
+    while waiting and done.any():     # `cap` rows a prefill
+      free = np.flatnonzero(done)[:min(len(waiting), cap)]
+      k = _bucket(len(free), cap, shards)
       idx = np.asarray([waiting.popleft() for _ in free])
       pad = k - len(free)
       which = np.concatenate([free, np.full((pad,), b)]).astype(np.int32)
@@ -299,17 +314,19 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
                           lengths_r, keys, jnp.asarray(take, jnp.int32),
                           jnp.asarray(which), jnp.asarray(req), pad_id=pad_id, record_experts=record_experts,
                           **static)
-      refills += 1
+      done[free] = False   # this host's view until the decode loop returns
+      refills, max_prefill = refills + 1, max(max_prefill, k)
     wanted = min(len(waiting), refill) if waiting else b + 1
     rows, ran = _decode_until(graph, state, layouts, rows,
                               jnp.asarray(wanted, jnp.int32), **static)
     steps.append(ran)
-    done = sharding.to_host(rows.done)    # every process, on a pod
+    done = np.array(sharding.to_host(rows.done))   # every process; writable
     if not waiting and done.all():
       break
   result = _finish(rows, out, stop_ids=stop_ids, record=bool(moe[0]))
   if stats is not None:
     stats.update(steps=int(sum(sharding.to_host(steps))), refills=refills,
+                 max_prefill=max_prefill,
                  row_steps=int(sharding.to_host(jnp.sum(result.mask))))
   return result
 
