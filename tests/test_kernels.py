@@ -221,6 +221,7 @@ def test_cache_attention_without_qk_norm_or_rope(qk_norm, use_rope):
     (4, 2, 37, 35, 2, 1, 16),    # slots past the last whole vector (37 % 16)
     (2, 3, 12, 5, 6, 2, 24),     # G = 3, head dim not a multiple of 16
     (2, 3, 10, 9, 4, 4, 8),      # index + T > S: the start is clamped
+    (3, 1, 50, 30, 8, 2, 128),   # head dim 128: values in column blocks
 ])
 def test_cache_attention_equals_xla(b, t, s, index, heads, kv_heads,
                                     head_dim):

@@ -27,7 +27,7 @@ struct Shapes {
                              // head dim, new tokens, cache slots
 };
 
-// c[R, 16 NB] = a[R, n] @ b[n, 16 NB] (row strides lda, ldb, ldc): each
+// c[R, kV NB] = a[R, n] @ b[n, kV NB] (row strides lda, ldb, ldc): each
 // vector of b is loaded once for the R rows. Both halves of attention:
 // logits (a = queries, b = keys [H, S]) and value sums (a = probabilities,
 // b = values [S, H]).
@@ -49,7 +49,15 @@ void MicroGemm(const float* a, int64_t lda, const float* b, int64_t ldb,
     for (int j = 0; j < NB; ++j) Store(c + r * ldc + j * kV, acc[r][j]);
 }
 
-// l[r, 16j : 16j + 16] = q[r] . k[:, 16j : 16j + 16] for R rows.
+// Vectors of b a register block takes for R rows: R x NB accumulators, NB
+// vectors of b and one of a within the machine's registers (AVX-512: 4
+// for up to 4 rows; AVX2: 4 for up to 2 rows, 2 for 3 or 4).
+template <int R>
+constexpr int BlockVectors() {
+  return (R + 1) * 4 + 1 <= kRegisterVectors ? 4 : 2;
+}
+
+// l[r, kV j : kV (j + 1)] = q[r] . k[:, kV j : kV (j + 1)] for R rows.
 template <int R, int NB>
 void LogitsBlock(const float* q, int64_t h_dim, const float* k, int64_t ldk,
                  float* l, int64_t ldl) {
@@ -59,9 +67,10 @@ void LogitsBlock(const float* q, int64_t h_dim, const float* k, int64_t ldk,
 template <int R>
 void LogitsRows(const float* q, int64_t h_dim, const float* k, int64_t ldk,
                 int64_t vectors, float* l, int64_t ldl) {
+  constexpr int kNB = BlockVectors<R>();
   int64_t j = 0;
-  for (; j + 4 <= vectors; j += 4)
-    LogitsBlock<R, 4>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl);
+  for (; j + kNB <= vectors; j += kNB)
+    LogitsBlock<R, kNB>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl);
   switch (vectors - j) {
     case 3: LogitsBlock<R, 3>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl); break;
     case 2: LogitsBlock<R, 2>(q, h_dim, k + j * kV, ldk, l + j * kV, ldl); break;
@@ -93,31 +102,36 @@ void Logits(const float* q, int64_t rows, int64_t h_dim, const float* k,
     }
 }
 
-// o[r] = sum_{s < limit} p[r, s] v[s] for R rows, H = 16 NH.
-template <int R, int NH>
-void WeightedSum(const float* p, int64_t ldp, const float* v, int64_t limit,
-                 float* o) {
-  MicroGemm<R, NH>(p, ldp, v, NH * kV, limit, o, NH * kV);
-}
-
+// o[r, :kV NH] = sum_{s < limit} p[r, s] v[s, :kV NH] for 2 rows at a time
+// (the rows of v and o are H floats apart).
 template <int NH>
 void WeightedSumRows(const float* p, int64_t ldp, int64_t rows,
-                     const float* v, int64_t limit, float* o) {
+                     const float* v, int64_t h_dim, int64_t limit, float* o) {
   int64_t r = 0;
   for (; r + 2 <= rows; r += 2)
-    WeightedSum<2, NH>(p + r * ldp, ldp, v, limit, o + r * NH * kV);
-  if (r < rows) WeightedSum<1, NH>(p + r * ldp, ldp, v, limit, o + r * NH * kV);
+    MicroGemm<2, NH>(p + r * ldp, ldp, v, h_dim, limit, o + r * h_dim, h_dim);
+  if (r < rows)
+    MicroGemm<1, NH>(p + r * ldp, ldp, v, h_dim, limit, o + r * h_dim, h_dim);
 }
 
-// o[r] = sum_{s < limit} p[r, s] v[s]; v is [S, H].
+// o[r] = sum_{s < limit} p[r, s] v[s]; v is [S, H]: the H columns in blocks
+// of up to BlockVectors<2>() vectors (each block reads p again, from cache).
 void Values(const float* p, int64_t ldp, int64_t rows, const float* v,
             int64_t h_dim, int64_t limit, float* o) {
-  switch (h_dim % kV == 0 ? h_dim / kV : 0) {
-    case 1: return WeightedSumRows<1>(p, ldp, rows, v, limit, o);
-    case 2: return WeightedSumRows<2>(p, ldp, rows, v, limit, o);
-    case 4: return WeightedSumRows<4>(p, ldp, rows, v, limit, o);
-    case 8: return WeightedSumRows<8>(p, ldp, rows, v, limit, o);
-    default: break;
+  if (h_dim % kV == 0) {
+    constexpr int kNB = BlockVectors<2>();
+    const int64_t vectors = h_dim / kV;
+    for (int64_t c = 0; c < vectors; c += kNB) {
+      const float* vc = v + c * kV;
+      float* oc = o + c * kV;
+      switch (std::min<int64_t>(kNB, vectors - c)) {
+        case 4: WeightedSumRows<4>(p, ldp, rows, vc, h_dim, limit, oc); break;
+        case 3: WeightedSumRows<3>(p, ldp, rows, vc, h_dim, limit, oc); break;
+        case 2: WeightedSumRows<2>(p, ldp, rows, vc, h_dim, limit, oc); break;
+        default: WeightedSumRows<1>(p, ldp, rows, vc, h_dim, limit, oc); break;
+      }
+    }
+    return;
   }
   std::memset(o, 0, rows * h_dim * sizeof(float));
   for (int64_t r = 0; r < rows; ++r)
@@ -143,7 +157,7 @@ struct Inputs {
 void Prepare(const float* x, int64_t h_dim, const float* w, float eps,
              const float* c, const float* sn, float* y) {
   if (w != nullptr) {
-    // sum(x^2) in 16 lanes, then across them (a scalar sum is a chain of
+    // sum(x^2) in kV lanes, then across them (a scalar sum is a chain of
     // dependent adds: the prefill's norms cost as much as its logits).
     vf acc{};
     int64_t h = 0;

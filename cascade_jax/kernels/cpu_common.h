@@ -1,6 +1,13 @@
-// Shared by the CPU kernels: 16-float vectors (GCC/Clang vector extensions,
-// no intrinsics: -march=native picks the instructions), a vectorised exp and
-// a parallel loop over XLA's intra-op thread pool.
+// Shared by the CPU kernels: vectors of kV floats (GCC/Clang vector
+// extensions, no intrinsics: -march=native picks the instructions), a
+// vectorised exp and a parallel loop over XLA's intra-op thread pool.
+//
+// kV is the machine's own vector: 16 floats with AVX-512 (32 registers of
+// 16), 8 elsewhere (AVX2: 16 registers of 8; NEON: two of its 4-float
+// registers a vector). The kernels' register blocks are sized in kV
+// vectors for each (kRegisterVectors): 16-float vectors on AVX2 were two
+// registers each, and the blocks spilled (the kernels ran 2-5 x slower than
+// XLA there, docs/results/cpu_kernels_2026-12-03).
 
 #ifndef CASCADE_JAX_KERNELS_CPU_COMMON_H_
 #define CASCADE_JAX_KERNELS_CPU_COMMON_H_
@@ -17,7 +24,13 @@
 
 namespace cascade_jax {
 
-constexpr int kV = 16;  // floats per vector
+#if defined(__AVX512F__)
+constexpr int kV = 16;                // floats per vector
+constexpr int kRegisterVectors = 32;  // vector registers
+#else
+constexpr int kV = 8;
+constexpr int kRegisterVectors = 16;
+#endif
 
 typedef float vf __attribute__((vector_size(kV * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(kV * sizeof(int32_t))));

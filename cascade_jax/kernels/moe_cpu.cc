@@ -20,12 +20,15 @@ namespace ffi = xla::ffi;
 namespace cascade_jax {
 namespace {
 
-constexpr int kNB = 4;                // vectors per column block
-constexpr int64_t kCols = kV * kNB;   // 64 columns per block and per unit
+// A register block: kRows x kNB accumulators, kNB vectors of w, one of x
+// (AVX-512: 6 x 4 of 16 floats, 29 of 32 registers; AVX2: 6 x 2 of 8, 15
+// of 16).
+constexpr int kNB = kRegisterVectors >= 32 ? 4 : 2;  // vectors a column block
+constexpr int64_t kCols = kV * kNB;   // columns per block (64; AVX2: 16)
 constexpr int kRows = 6;              // rows per register block
 constexpr int kPrefetch = 16;         // k-steps ahead
 
-// c[R, 64] = x[R, K] @ w[K, 64] (row strides ldx, ldw, ldc).
+// c[R, kCols] = x[R, K] @ w[K, kCols] (row strides ldx, ldw, ldc).
 template <int R, bool kFetch>
 void Block(const float* x, int64_t ldx, const float* w, int64_t ldw,
            int64_t k_dim, float* c, int64_t ldc) {
@@ -54,7 +57,7 @@ void Block(const float* x, int64_t ldx, const float* w, int64_t ldw,
     for (int j = 0; j < kNB; ++j) Store(c + r * ldc + j * kV, acc[r][j]);
 }
 
-// The same for a column tail narrower than 64 (small models).
+// The same for a column tail narrower than kCols (small models).
 void TailBlock(int64_t rows, const float* x, int64_t ldx, const float* w,
                int64_t ldw, int64_t k_dim, int64_t cols, float* c,
                int64_t ldc) {
