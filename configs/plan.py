@@ -91,9 +91,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # rl.sample_slots=1024; docs/results/plan_rollout_rows_2026-12-06).
         rl_micro_batches=1, rollout_rows=32, prompt_len=2048,
         cache_len=RL_SEQ_30B + 1,
-        # Continuous batching's prefill (rl.prefill_rows), rows a chip: 0,
-        # every free row at once (docs/results/plan_prefill_rows_2026-12-07).
-        prefill_rows=0))
+        # Continuous batching's prefill (rl.prefill_rows), rows a chip: the
+        # first fill of the 32 in chunks of 16 peaks at 46.8 GB, all at once
+        # at 60.1 (the decode: 37.3; rl.prefill_rows=512 on v5p-64;
+        # docs/results/plan_prefill_rows_2026-12-07). 0: all at once.
+        prefill_rows=16))
   elif arg == 'qwen3_30b_a3b_micro':
     # The GRPO update over more rollouts per device than fit at once, in
     # micro-batches (one optimizer step, gradients accumulated): rollouts

@@ -467,19 +467,22 @@ def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
 @pytest.mark.slow   # rl.sample_slots is 0 in the main job; CI runs it
 def test_continuous_sample_slots_collect_what_a_key_a_rollout_draws(setup):
   # rl.sample_slots: a single-turn step's rollouts decode a few rows at a
-  # time (continuous batching), a key a rollout. The batch is the fixed
-  # batch's with the same keys (`generate_padded` given a key a row), row
-  # for row: tokens, masks, routing, log-probs.
+  # time (continuous batching; rl.prefill_rows: 2 rows a prefill), a key a
+  # rollout. The batch is the fixed batch's with the same keys
+  # (`generate_padded` given a key a row), row for row: tokens, masks,
+  # routing, log-probs.
   tok, recs, _ = setup
   _, policy = _policy(tok)
   with pytest.raises(ValueError, match='sample_slots'):
     rl.RLConfig(sample_slots=-1)
+  with pytest.raises(ValueError, match='prefill_rows'):
+    rl.RLConfig(prefill_rows=-1)
   recs = [dict(r, messages=[{'role': 'user', 'content': c}])
           for r, c in zip(recs, ['write letters', 'a b', 'abc cab bca',
                                  'aaa bbb ccc d e'] * 2)]
   c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
                   max_new_tokens=12, dynamic_filtering=False,
-                  overlong='none', sample_slots=5)
+                  overlong='none', sample_slots=5, prefill_rows=2)
   key = jax.random.key(4)
   batch, stats = rl.collect(policy, tok, rl.PromptStream(recs), c, key,
                             reward_fn=lambda r, _: np.arange(len(r)) % 3)

@@ -1,9 +1,13 @@
 """When the CPU kernels run: never where they are slower than XLA's own ops.
 
 The kernels (`cascade_jax.kernels`) were written for 16-float (AVX-512)
-vectors. On an AVX2 EPYC they ran 2-5x slower than XLA's path (issue 16:
+vectors; on an AVX2 EPYC they ran 2-5x slower than XLA's path (issue 16:
 one MoE decode step at batch 64, 6,880 us against 1,470 us), on an AVX-512
-machine up to 2x faster. So, per kernel, CASCADE_JAX_CPU_KERNELS says:
+machine up to 2x faster. Their vectors and register blocks are now the
+machine's (`cpu_common.h`), and on that AVX2 EPYC the sampler's step is
+1.7-1.8 x faster with them than without
+(docs/results/cpu_kernels_2026-12-07_avx2); still, a machine can differ.
+So, per kernel, CASCADE_JAX_CPU_KERNELS says:
 
 - unset or 'auto' (the default): a calibration, run once per machine and
   kernel build (~30-60 s) and cached beside the library, times the
