@@ -75,46 +75,45 @@ def test_continuous_batching_equals_the_plain_sampler_per_row_keys(preset,
     assert len(set(lengths.tolist())) > 2      # the rows really differ
 
 
-def test_continuous_batching_on_the_main_job_model():
-  # The main job's sampler model (`small`, vocab 1024, fp32, its decode
-  # layouts); several stop ids so rows end at many lengths.
+def _main_job_case(seed: int, n: int, new_tokens: int, **continuous):
+  """The main job's sampler model (`small`, vocab 1024, fp32, its decode
+  layouts), n prompts, several stop ids so rows end at many lengths: the
+  plain sampler's samples and the continuous one's (`continuous`: its
+  arguments, slots included), for the same keys."""
   m = rollout.main_job_model()
-  rng = np.random.RandomState(1)
-  prompts = [rng.randint(40, 1024, k).tolist() for k in rng.randint(5, 30, 24)]
-  sc = rollout.SampleConfig(max_new_tokens=24, prompt_bucket=32,
+  rng = np.random.RandomState(seed)
+  prompts = [rng.randint(40, 1024, k).tolist() for k in rng.randint(5, 30, n)]
+  sc = rollout.SampleConfig(max_new_tokens=new_tokens, prompt_bucket=32,
                             temperature=1.0)
   stops = tuple(range(1, 40))
-  keys = jax.random.split(jax.random.key(0), len(prompts))
+  keys = jax.random.split(jax.random.key(seed - 1), len(prompts))
   ref = rollout.generate(m, prompts, cfg=sc, stop_ids=stops, key=keys,
                          record_experts=True)
   out = rollout.generate_continuous(m, prompts, cfg=sc, stop_ids=stops,
-                                    slots=8, keys=keys, record_experts=True)
+                                    keys=keys, record_experts=True,
+                                    **continuous)
+  return prompts, ref, out
+
+
+def test_continuous_batching_on_the_main_job_model():
+  prompts, ref, out = _main_job_case(1, 24, 24, slots=8)
   _assert_same_samples(ref, out, prompts)
   assert len(set(np.asarray(ref.mask.sum(1)).tolist())) > 3
 
 
 def test_continuous_prefill_in_chunks_samples_what_one_prefill_samples():
-  # rl.prefill_rows on the main job's sampler model: the first fill of 8
-  # slots in prefills of at most 3 rows (3, 3, 2), the refills too; the
-  # same samples as the plain sampler's for the same keys.
-  m = rollout.main_job_model()
-  rng = np.random.RandomState(2)
-  prompts = [rng.randint(40, 1024, k).tolist() for k in rng.randint(5, 30, 14)]
-  sc = rollout.SampleConfig(max_new_tokens=16, prompt_bucket=32,
-                            temperature=1.0)
-  stops = tuple(range(1, 40))
-  keys = jax.random.split(jax.random.key(1), len(prompts))
-  ref = rollout.generate(m, prompts, cfg=sc, stop_ids=stops, key=keys,
-                         record_experts=True)
+  # rl.prefill_rows: the first fill of 8 slots in prefills of at most 3
+  # rows (3, 3, 2), the refills too; the same samples as the plain
+  # sampler's for the same keys.
   stats = {}
-  out = rollout.generate_continuous(m, prompts, cfg=sc, stop_ids=stops,
-                                    slots=8, keys=keys, record_experts=True,
-                                    prefill_rows=3, stats=stats)
+  prompts, ref, out = _main_job_case(2, 14, 16, slots=8, prefill_rows=3,
+                                     stats=stats)
   _assert_same_samples(ref, out, prompts)
   assert stats['max_prefill'] == 3 and stats['refills'] >= 5, stats
   with pytest.raises(ValueError, match='prefill_rows must be >= 0'):
-    rollout.generate_continuous(m, prompts, cfg=sc, stop_ids=stops, slots=8,
-                                prefill_rows=-1)
+    rollout.generate_continuous(rollout.main_job_model(), prompts,
+                                cfg=rollout.SampleConfig(), stop_ids=1,
+                                slots=8, prefill_rows=-1)
 
 
 def test_per_row_keys_make_a_row_independent_of_its_neighbours():
