@@ -179,9 +179,8 @@ def _abstract_cache(cfg, ctx, rows, length, row_index=False):
       mamba=mamba)
 
 
-@functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
-def _prefill(graph, state, cache, tokens):
-  model = nnx.merge(graph, state)
+def _prompt_pass(model, cache, tokens):
+  """The sampler's prefill of `tokens` [B, T] into `cache` (B rows, empty)."""
   b, t = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   logits, cache, _ = rollout.forward(
@@ -192,18 +191,19 @@ def _prefill(graph, state, cache, tokens):
 
 
 @functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
+def _prefill(graph, state, cache, tokens):
+  return _prompt_pass(nnx.merge(graph, state), cache, tokens)
+
+
+@functools.partial(jax.jit, static_argnames=('graph',), donate_argnums=(2,))
 def _prefill_into(graph, state, cache, tokens, which):
   """Continuous batching's prefill of k prompts (`rl.prefill_rows`,
   `rollout.generate_continuous`): into a fresh k-row cache, then written
   into rows `which` of the sampler's B-row cache (donated: in place)."""
   model = nnx.merge(graph, state)
   k, t = tokens.shape
-  fresh = model_lib.init_cache(model.cfg, k, cache.max_len)
-  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (k, t))
-  logits, fresh, _ = rollout.forward(
-      model, tokens, positions_bt=pos, segment_ids_bt=jnp.ones_like(tokens),
-      cache=fresh, layouts=rollout.model_decode_weights(model, k),
-      last_logits_only=True, fresh=True)
+  logits, fresh = _prompt_pass(
+      model, model_lib.init_cache(model.cfg, k, cache.max_len), tokens)
   cache = rollout.put_rows(cache, fresh, which, jnp.full((k,), t, jnp.int32))
   return logits, sharding.constrain_rows(model.ctx, cache)
 
