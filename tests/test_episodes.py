@@ -236,17 +236,24 @@ def test_continuous_episodes_equal_the_fixed_batch_with_the_same_keys(
   # through 4 rows: rows are refilled, each on its own turn, and every
   # episode is the fixed batch's for the same per-episode keys: tokens,
   # transcript, routing of every token, outcome; log-probs within 1e-5.
+  # On `small`, new episodes and observations go in at most 3 rows at a
+  # time (rl.prefill_rows: the first fill of the 4 rows takes two
+  # prefills); the hybrid takes every row that needs it at once.
   tok, recs = setup
   m = stopping_policy(tok, cfg=getattr(model, preset)(
       vocab_size=tok.vocab_size))
-  stats = _slots_equal_the_fixed_batch(tok, recs * 2, m, m, slots=4)
+  prefill_rows = 3 if preset == 'small' else 0
+  stats = _slots_equal_the_fixed_batch(tok, recs * 2, m, m, slots=4,
+                                       prefill_rows=prefill_rows)
   assert stats['slots'] == 4, stats
+  assert stats['max_prefill'] == (prefill_rows or 4), stats
   # Each step samples for more than one row on average, fewer than all 4
   # (rows wait for their environments between turns).
   assert 1 < stats['tokens_per_step'] <= 4, stats
 
 
-def _slots_equal_the_fixed_batch(tok, recs, m, sampler, slots):
+def _slots_equal_the_fixed_batch(tok, recs, m, sampler, slots,
+                                 prefill_rows=0):
   """`recs` played `slots` rows at a time by `sampler` against the fixed
   batch of `m` (the same weights), a key an episode; the slots' stats."""
   keys = jax.random.split(jax.random.key(5), len(recs))
@@ -255,7 +262,7 @@ def _slots_equal_the_fixed_batch(tok, recs, m, sampler, slots):
   stats = {}
   played = rollout.run_episodes(sampler, tok, recs, cfg=EC, sample=T1,
                                 keys=keys, record_experts=True, slots=slots,
-                                stats=stats)
+                                stats=stats, prefill_rows=prefill_rows)
   turns = [e.turns for e in fixed]
   assert min(turns) == 1 and max(turns) >= 3, turns
   assert stats['places'] > 1, stats                # rows were refilled
@@ -284,23 +291,39 @@ def test_continuous_episodes_refuse_bad_input(setup):
                          keys=jax.random.split(jax.random.key(0), 3))
   with pytest.raises(ValueError, match='slots must be >= 1'):
     rollout.run_episodes(m, tok, recs, cfg=EC, sample=T1, slots=-2)
+  with pytest.raises(ValueError, match='prefill_rows must be >= 0'):
+    rollout.run_episodes(m, tok, recs, cfg=EC, sample=T1, slots=2,
+                         prefill_rows=-1)
   with pytest.raises(ValueError, match='episode_slots'):
     rl.RLConfig(episode_slots=-1)
 
 
 @pytest.mark.slow  # ~10 s, not the main job's path: CI runs it
-def test_continuous_episode_slots_collect_what_a_key_an_episode_draws(setup):
+def test_continuous_episode_slots_collect_what_a_key_an_episode_draws(
+    setup, monkeypatch):
   # rl.episode_slots: an episode stage's step plays its episodes a few rows
-  # at a time, a key an episode. The learner's batch is the fixed batch's
-  # with the same keys, row for row: tokens, masks, routing, rewards,
-  # log-probs.
+  # at a time, a key an episode, placing and feeding at most 2 rows at a
+  # time (rl.prefill_rows). The learner's batch is the fixed batch's with
+  # the same keys, row for row: tokens, masks, routing, rewards, log-probs.
   tok, recs = setup
   m = stopping_policy(tok)
   c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
-                  dynamic_filtering=False, overlong='none', episode_slots=5)
+                  dynamic_filtering=False, overlong='none', episode_slots=5,
+                  prefill_rows=2)
   key = jax.random.key(4)
   stream = rl.PromptStream(recs)
+  played, run = [], rollout.run_episodes
+
+  def spy(*args, **kwargs):
+    kwargs['stats'] = kwargs.get('stats', {})
+    played.append(kwargs)
+    return run(*args, **kwargs)
+
+  monkeypatch.setattr(rollout, 'run_episodes', spy)
   batch, stats = rl.collect(m, tok, stream, c, key, episodes=EC)
+  monkeypatch.undo()
+  assert [(k['slots'], k['prefill_rows'], k['stats']['max_prefill'])
+          for k in played] == [(5, 2, 2)], played
   assert max(stats['turns']) >= 2, stats['turns']
   # collect's first round samples with split(key)[1].
   stream = rl.PromptStream(recs)

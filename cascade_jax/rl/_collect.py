@@ -235,8 +235,8 @@ def _sample_episodes(policy, tok, stream, recs, cfg: RLConfig, key,
   timing, decode = {}, {}
   t0 = time.perf_counter()
   slots = dict(slots=min(cfg.episode_slots, len(recs)),
-               keys=jax.random.split(key, len(recs))
-               ) if cfg.episode_slots else {}
+               keys=jax.random.split(key, len(recs)),
+               prefill_rows=cfg.prefill_rows) if cfg.episode_slots else {}
   eps = rollout.run_episodes(policy, tok, recs, cfg=ec,
                              sample=cfg.sample_config, key=key,
                              record_experts=cfg.routing_replay,

@@ -167,12 +167,14 @@ class RLConfig:
   # rows beside it). 0: the step's rollouts in one fixed batch, decoded
   # until the longest reply ends. Episode stages: `episode_slots`.
   sample_slots: int = 0
-  # With `sample_slots`: the most rows one prefill takes, the first fill of
-  # every slot included (`generate_continuous(prefill_rows=...)`, rounded up
-  # to a multiple of the batch devices); 0: every free row at once. On a
-  # pod the first fill's activations (rows x prompt tokens) can need far
-  # more memory than the decode loop: the 30B plan's 32 rows a chip
-  # prefill at 60 GB, decode at 37 (docs/results/plan_prefill_rows_2026-12-07).
+  # With `sample_slots` or `episode_slots`: the most rows one prefill takes,
+  # the first fill of every slot included (`generate_continuous` /
+  # `run_episodes(prefill_rows=...)`; episodes' observation feeds too),
+  # rounded up to a multiple of the batch devices; 0: every free row at
+  # once. On a pod the first fill's activations (rows x prompt tokens) can
+  # need far more memory than the decode loop: the 30B plan's 32 rows a
+  # chip prefill at 60 GB, decode at 37
+  # (docs/results/plan_prefill_rows_2026-12-07).
   prefill_rows: int = 0
   # Continuous batching of a step's episodes (`run_episodes(slots=...)`,
   # on a mesh as `sample_slots`): `episode_slots` episodes play at a time,

@@ -169,10 +169,12 @@ class _Engine:
   """The rows on the device and the host calls that change them."""
 
   def __init__(self, model, *, b, width, slots, sample, stop_ids, pad_id,
-               record_experts):
+               record_experts, cap):
     self.model, self.b, self.width, self.pad_id = model, b, width, pad_id
     self.ctx = getattr(model, 'ctx', None)
     self.shards = 1 if self.ctx is None else self.ctx.shards('batch')
+    self.cap = cap            # the most rows one prefill or feed takes
+    self.max_rows = 0         # the most one took (padding included)
     self.graph, self.state = nnx.split(model)
     self.static = dict(cfg=sample, stop_ids=_sampler.stop_tuple(stop_ids))
     self.slots = slots
@@ -188,7 +190,8 @@ class _Engine:
   def _block(self, blocks: list, w: int, starts: list[int]):
     """Left-padded [k, w] tokens, validity and positions (k: the bucket of
     len(blocks); padding rows empty)."""
-    k = _continuous._bucket(len(blocks), self.b, self.shards)  # pylint: disable=protected-access
+    k = _continuous._bucket(len(blocks), self.cap, self.shards)  # pylint: disable=protected-access
+    self.max_rows = max(self.max_rows, k)
     toks = np.full((k, w), self.pad_id, np.int32)
     valid = np.zeros((k, w), bool)
     pos = np.zeros((k, w), np.int32)
@@ -261,31 +264,41 @@ class _Engine:
     return int(sharding.to_host(ran))
 
 
+def _chunks(rows: np.ndarray, cap: int) -> list[np.ndarray]:
+  """`rows` in order, at most `cap` a chunk."""
+  return [rows[i:i + cap] for i in range(0, len(rows), cap)]
+
+
 def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
          refill, pool, record_experts: bool, timing: dict, prompt_width: int,
-         stats: dict | None) -> None:
-  """Plays `eps` (started by `run_episodes`) `slots` rows at a time."""
+         stats: dict | None, prefill_rows: int = 0) -> None:
+  """Plays `eps` (started by `run_episodes`) `slots` rows at a time,
+  placing episodes and feeding observations `prefill_rows` rows at a time
+  at most (0: every row that needs it at once)."""
   if slots < 1:
     raise ValueError(f'run_episodes: slots must be >= 1, got {slots}')
+  if prefill_rows < 0:
+    raise ValueError('run_episodes: prefill_rows must be >= 0 (0: every '
+                     f'free row at once), got {prefill_rows}')
   r = len(eps)
   # On a mesh, a multiple of the devices the rows are split over.
   ctx = getattr(model, 'ctx', None)
   shards = 1 if ctx is None else ctx.shards('batch')
   b = -(-min(slots, r) // shards) * shards
+  cap = min(b, -(-prefill_rows // shards) * shards) if prefill_rows else b
   width = max(max(len(e.tokens) for e in eps), prompt_width)
   refill = max(1, b // 8) if refill is None else max(1, int(refill))
   engine = _Engine(model, b=b, width=width, sample=sample,
                    slots=ops.cache_slots(cfg.slots(width) +
                                          _turns.APPEND_BUCKET),
                    stop_ids=tok.stop_ids, pad_id=tok.pad_id,
-                   record_experts=record_experts)
+                   record_experts=record_experts, cap=cap)
   stop_ids = _sampler.stop_tuple(tok.stop_ids)
   waiting = collections.deque(range(r))
   episode = np.full((b,), -1)              # the episode each row plays
   steps = row_steps = places = 0
   while True:
-    free = np.flatnonzero(episode < 0)[:len(waiting)]
-    if len(free):
+    for free in _chunks(np.flatnonzero(episode < 0)[:len(waiting)], cap):
       idx = [waiting.popleft() for _ in free]
       episode[free] = idx
       exps = engine.place(free, [eps[i].tokens for i in idx],
@@ -329,18 +342,19 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
         episode[row] = -1
       else:
         blocks[row] = fed
-    if blocks:
-      which = np.asarray(list(blocks))
+    for which in _chunks(np.asarray(list(blocks), np.int64), cap):
       turns = jnp.asarray([eps[episode[row]].turns for row in which])
-      exps = engine.feed(which, list(blocks.values()), _episodes.turn_keys(
-          keys[np.asarray(episode[which])], turns))
+      exps = engine.feed(which, [blocks[row] for row in which],
+                         _episodes.turn_keys(keys[np.asarray(episode[which])],
+                                             turns))
       if exps is not None:
-        for j, (row, fed) in enumerate(blocks.items()):
+        for j, row in enumerate(which):
           _episodes._take_block(eps[episode[row]],  # pylint: disable=protected-access
-                                exps[j, exps.shape[1] - len(fed):])
+                                exps[j, exps.shape[1] - len(blocks[row]):])
   if stats is not None:
     stats.update(steps=steps, row_steps=row_steps, places=places,
-                 slots=b, tokens_per_step=row_steps / max(steps, 1))
+                 slots=b, tokens_per_step=row_steps / max(steps, 1),
+                 max_prefill=engine.max_rows)
 
 
 __all__ = ['play']

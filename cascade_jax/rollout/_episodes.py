@@ -203,8 +203,8 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
                  sandbox=None, make=make_env, workers: int = 8,
                  prompt_width: int = 0, timing: dict | None = None,
                  keys: jax.Array | None = None, slots: int = 0,
-                 refill: int | None = None, stats: dict | None = None
-                 ) -> list[Episode]:
+                 refill: int | None = None, stats: dict | None = None,
+                 prefill_rows: int = 0) -> list[Episode]:
   """Plays one episode per record (repeat records for G samples each).
 
   `sample.max_new_tokens` is ignored (`cfg.max_new_tokens` is a reply's
@@ -220,8 +220,15 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
   a mesh, rounded up to a multiple of the devices the rows split over), a finished episode's row taking the next waiting one, each
   row on its own turn (`_episode_slots`; `refill` is its); every episode
   equals the fixed batch's with the same `keys` (tokens; log-probs within
-  float error). `stats`: gets `steps` (decode steps), `row_steps` (tokens
-  sampled) and `tokens_per_step`.
+  float error). `prefill_rows` (with `slots`): the most rows one prefill
+  of new episodes or one feed of observations takes (rounded up to a
+  multiple of the batch devices; 0: every row that needs it at once), as
+  `generate_continuous`'s: a pod's first fill of every slot can need far
+  more memory than the decode loop; the episodes are the same. `stats`:
+  gets `steps` (decode steps), `row_steps` (tokens sampled) and
+  `tokens_per_step`; with `slots` also `places` (prefills of new
+  episodes) and `max_prefill` (the most rows one prefill or feed took,
+  padding included).
   """
   timing = {} if timing is None else timing
   timing.setdefault('env_s', 0.0)
@@ -239,7 +246,8 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
       _episode_slots.play(model, tok, eps, envs, keys, cfg=cfg, sample=sample,
                           slots=slots, refill=refill, pool=pool,
                           record_experts=record_experts, timing=timing,
-                          prompt_width=prompt_width, stats=stats)
+                          prompt_width=prompt_width, stats=stats,
+                          prefill_rows=prefill_rows)
     else:
       _play_fixed(model, tok, eps, envs, key, keys, cfg=cfg, sample=sample,
                   pool=pool, record_experts=record_experts, timing=timing,
