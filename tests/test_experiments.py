@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -26,6 +27,16 @@ def test_bench_moe_quick_writes_a_table_and_results(tmp_path):
   assert [row['path'] for row in rows][1:4] == ['capacity', 'ragged', 'dense']
   assert all(row['seconds'] > 0 for row in rows[:4])
   assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
+  _assert_provenance(tmp_path, 'experiments.bench_moe')
+
+
+def _assert_provenance(workdir, module):
+  """A benchmark's results come with the commit, command and machine."""
+  prov = json.load(open(workdir / 'provenance.json'))
+  assert len(prov['commit']) == 40 or prov['commit'] == 'unknown', prov
+  assert module.replace('.', '/') in prov['command'], prov
+  assert prov['machine'].split(', ')[-1] in ('avx512', 'avx2', 'sse',
+                                             platform.machine()), prov
 
 
 def test_unknown_config_key_is_refused():
@@ -57,6 +68,7 @@ def test_bench_rollout_quick_prints_both_tables(tmp_path):
   assert res['sampler'][0]['batch'] == 2 and res['sampler'][0]['same_tokens'] == 1
   assert res['moe_decode_layer_us'][0]['xla'] > 0
   assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
+  _assert_provenance(tmp_path, 'experiments.bench_rollout')
 
 
 @pytest.mark.slow  # ~50 s: CI runs it

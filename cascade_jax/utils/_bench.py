@@ -34,9 +34,14 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 
 def write_results(workdir: str, config, results) -> None:
-  """Writes a benchmark's resolved `config` (a ConfigDict) and `results` as JSON into `workdir`."""
+  """Writes a benchmark's resolved `config` (a ConfigDict), its `results`
+  and the run's `provenance()` (commit, command, machine) as JSON into
+  `workdir`."""
+  from cascade_jax.utils import _provenance  # pylint: disable=g-import-not-at-top
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     f.write(config.to_json_best_effort(indent=2))
   with open(os.path.join(workdir, 'results.json'), 'w') as f:
     json.dump(results, f, indent=2)
+  with open(os.path.join(workdir, 'provenance.json'), 'w') as f:
+    json.dump(_provenance.provenance(), f, indent=2)

@@ -30,9 +30,26 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+def vector_isa() -> str:
+  """The widest x86 vector extension the CPU reports ('avx512', 'avx2',
+  'sse'), else the machine's architecture: the CPU kernels' register blocks
+  and speed differ by it (docs/results/cpu_kernels_2026-12-07_avx2)."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      flags = next((line.split(':', 1)[1].split() for line in f
+                    if line.startswith('flags')), [])
+  except OSError:
+    flags = []
+  for flag, name in (('avx512f', 'avx512'), ('avx2', 'avx2'), ('sse2', 'sse')):
+    if flag in flags:
+      return name
+  return platform.machine()
+
+
 def provenance() -> dict:
   """commit (and whether the tree had changes), UTC date, the command line,
-  the machine (CPU model, cores), Python and jax versions, jax's backend."""
+  the machine (CPU model, cores, vector ISA), Python and jax versions,
+  jax's backend."""
   import jax  # pylint: disable=g-import-not-at-top
   commit = _git('rev-parse', 'HEAD')
   return dict(
@@ -41,6 +58,6 @@ def provenance() -> dict:
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(
           timespec='seconds'),
       command=' '.join(['python'] + sys.argv),
-      machine=f'{cpu_model()}, {os.cpu_count()} cores',
+      machine=f'{cpu_model()}, {os.cpu_count()} cores, {vector_isa()}',
       python=platform.python_version(), jax=jax.__version__,
       backend=jax.default_backend())
