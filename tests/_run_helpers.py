@@ -35,6 +35,19 @@ def final_state(workdir, sft_dir):
   return step, jax.device_get(restored), extra
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+  """The environment for a process a test starts: this one's without its
+  XLA_FLAGS (the test process's 8 fake devices are not the child's), the
+  repository first on PYTHONPATH, then `overrides`."""
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+  env.update(overrides)
+  return env
+
+
 def free_port() -> int:
   """A port on 127.0.0.1 that nothing holds now (for a coordinator)."""
   with socket.socket() as s:

@@ -358,8 +358,7 @@ def test_decoupled_sampler_processes_on_two_hosts_follow_the_schedule(
   import subprocess  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env['PYTHONPATH'] = root + os.pathsep + env.get('PYTHONPATH', '')
+  env = _run_helpers.child_env()
 
   def start(name, *args, port=None):
     port = port or _run_helpers.free_port()

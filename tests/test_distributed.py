@@ -15,9 +15,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env():
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env['PYTHONPATH'] = _ROOT + os.pathsep + env.get('PYTHONPATH', '')
-  return env
+  return _run_helpers.child_env()
 
 
 def _start_pair(worker, outs):

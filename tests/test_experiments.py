@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
+import _run_helpers  # pylint: disable=g-import-not-at-top
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*args):
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  return subprocess.run([sys.executable, '-m', *args], cwd=_ROOT, env=env,
+  return subprocess.run([sys.executable, '-m', *args], cwd=_ROOT,
+                        env=_run_helpers.child_env(),
                         capture_output=True, text=True, timeout=600)
 
 
@@ -252,8 +254,7 @@ print(float(jax.jit(lambda x: jnp.tanh(x) * 3 + 1)(jnp.ones(5))[0]),
 def test_the_launchers_compilation_cache_keeps_quick_programs(tmp_path):
   # A program that compiles in milliseconds (under JAX's default 1 s
   # threshold) is kept, and a second process loads it instead of compiling.
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env['CASCADE_JAX_XLA_CACHE'] = str(tmp_path / 'xla')
+  env = _run_helpers.child_env(CASCADE_JAX_XLA_CACHE=str(tmp_path / 'xla'))
   out = [subprocess.run([sys.executable, '-c', _CACHED_PROGRAM,
                          str(tmp_path / 'xla')], cwd=_ROOT, env=env,
                         capture_output=True, text=True, timeout=120)

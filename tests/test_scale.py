@@ -459,7 +459,7 @@ def test_plan_launcher_on_every_small_mesh_and_step(tmp_path):
       [sys.executable, '-m', 'experiments.plan',
        '--config=configs/plan.py:small', f'--workdir={tmp_path}'],
       cwd=_ROOT, capture_output=True, text=True, timeout=1200,
-      env={k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'})
+      env=_run_helpers.child_env())
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   rows = json.load(open(tmp_path / 'results.json'))
   assert len(rows) == 2 * len(aot.STEPS)
@@ -603,9 +603,9 @@ def _cascade_in_a_process(mesh, workdir, if_rl_steps=None) -> list[dict]:
 
 
 def _launch(workdir, i, port, log):
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env.update(XLA_FLAGS='--xla_force_host_platform_device_count=4',
-             JAX_PLATFORMS='cpu', CASCADE_JAX_XLA_CACHE='0')
+  env = _run_helpers.child_env(
+      XLA_FLAGS='--xla_force_host_platform_device_count=4',
+      JAX_PLATFORMS='cpu', CASCADE_JAX_XLA_CACHE='0')
   args = [sys.executable, '-m', 'experiments.cascade',
           '--config=configs/cascade.py:quick', '--config.order=sft,if_rl,mopd',
           '--config.stages.mopd.teachers.multi_domain=',

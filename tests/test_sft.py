@@ -23,6 +23,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 from configs import sft as sft_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import _run_helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 def _quick(**kw):
   """The quick config with dotted overrides, e.g. _quick(**{'optim.lr': 1})."""
@@ -100,7 +102,7 @@ def test_gradient_accumulation_is_exact():
 
 
 def _launch(workdir, *extra):
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env = _run_helpers.child_env()
   return subprocess.Popen(
       [sys.executable, '-m', 'experiments.sft', '--config=configs/sft.py:quick',
        f'--workdir={workdir}', '--config.eval_n=0',
