@@ -135,6 +135,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.variants = ml_collections.ConfigDict({
         f'{r} rows, prefill {k}': dict(rollout_rows=r, prefill_rows=k)
         for r, k in ((32, 4), (32, 8), (32, 16), (64, 8))})
+  elif arg == 'qwen3_30b_a3b_rows64':
+    # 64 sampler rows a chip (the recipe's 2,048 rollouts in one round on
+    # v5p-64) with the first fill in 16-row chunks: the 64-row decode step
+    # (never compiled: this host's 24 GB ran out), the chunked prefill and
+    # the sync (the pod model's rows) (docs/results/plan_rows64_2026-12-07).
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
+    c.variants = ml_collections.ConfigDict({
+        '64 rows': dict(rollout_rows=64, prefill_rows=16)})
   elif arg == 'qwen3_30b_a3b_fsdp_expert':
     # The non-expert weights (attention, norms, embeddings) sharded over the
     # expert axis too, not replicated across it: `embed` -> fsdp x expert
