@@ -84,16 +84,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.cost_meshes = 'v5p-64'
     c.shapes = ml_collections.ConfigDict(dict(
         sft_rows=1, sft_seq=8192, rl_rows=1, rl_seq=RL_SEQ_30B,
-        # The sampler's rows a chip: the most whose prefill and decode
-        # leave 10 GB of a v5p free, 32 (8 before 2026-12-06: 2 rounds of
-        # the recipe's 2,048 rollouts on v5p-64 instead of 8; 64, the
-        # code's one fixed batch there, leaves 5.8 GB in the prefill:
-        # rl.sample_slots=1024; docs/results/plan_rollout_rows_2026-12-06).
-        rl_micro_batches=1, rollout_rows=32, prompt_len=2048,
+        # The sampler's rows a chip: 64, the recipe's 2,048 rollouts on
+        # v5p-64 in one round (decode 69.6 GB, prefill in 16-row chunks
+        # 79.0; a modeled step of 344 s against 387 at 32 rows:
+        # docs/results/plan_rows64_2026-12-07). 32 from 2026-12-06 (8
+        # before; docs/results/plan_rollout_rows_2026-12-06), when 64
+        # rows' one prefill of every row left 5.8 GB of a v5p free.
+        # rl.sample_slots=2048 rl.prefill_rows=512 on v5p-64.
+        rl_micro_batches=1, rollout_rows=64, prompt_len=2048,
         cache_len=RL_SEQ_30B + 1,
-        # Continuous batching's prefill (rl.prefill_rows), rows a chip: the
-        # first fill of the 32 in chunks of 16 peaks at 46.8 GB, all at once
-        # at 60.1 (the decode: 37.3; rl.prefill_rows=512 on v5p-64;
+        # Continuous batching's prefill (rl.prefill_rows), rows a chip: at
+        # 32 rows the first fill in chunks of 16 peaks at 46.8 GB, all at
+        # once at 60.1 (the decode: 37.3;
         # docs/results/plan_prefill_rows_2026-12-07). 0: all at once.
         prefill_rows=16))
   elif arg == 'qwen3_30b_a3b_micro':

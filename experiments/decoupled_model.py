@@ -47,7 +47,7 @@ _LEARNER = flags.DEFINE_string(
     'learner', 'docs/results/plan_2026-12-02_issue29/results.json',
     'Plan results with the grpo and prefill rows.')
 _SAMPLER = flags.DEFINE_string(
-    'sampler', 'docs/results/plan_rollout_rows_2026-12-06/plan/results.json',
+    'sampler', 'docs/results/plan_rows64_2026-12-07/plan/results.json',
     'Plan results with the decode and sync rows (compiled at depth).')
 _MESH = flags.DEFINE_string('mesh', 'v5p-64 (32)', 'The rows\' mesh.')
 _PROMPTS = flags.DEFINE_integer('prompts', 128, 'Prompts a step (recipe).')
@@ -59,7 +59,8 @@ _MIN_L = flags.DEFINE_integer('min_learner_chips', 8,
 _PER_HOST = flags.DEFINE_integer('chips_per_host', 4,
                                  "Chips a host (v5p's 4).")
 _VARIANT = flags.DEFINE_string(
-    'variant', '32 rows', "The sampler plan's variant (e.g. '64 rows': "
+    'variant', '64 rows', "The sampler plan's variant (e.g. '32 rows' with "
+    '--sampler=docs/results/plan_rollout_rows_2026-12-06/plan/results.json:'
     'configs/plan.py:qwen3_30b_a3b_rollout_rows) for the decode and sync '
     'rows.')
 _OUT = flags.DEFINE_string('out', '', 'Writes model.json here if set.')

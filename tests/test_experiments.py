@@ -216,20 +216,21 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
           if s['runs_on_a_pod']] == [(8, 24), (16, 16), (24, 8)]
   # Another sampler variant of rows a chip: its decode rounds, the same
   # prefill work per row (the learner plan's 256-row prefill, 8 of them).
-  plan = [dict(r, variant='64 rows', tokens=2048) for r in json.load(open(
+  plan = [dict(r, variant='16 rows', tokens=512) for r in json.load(open(
       os.path.join(_ROOT, 'docs/results/plan_layer_arrays_2026-12-05/plan/'
                    'results.json'))) if r['mesh'] == 'v5p-64 (32)']
   (tmp_path / 'rows.json').write_text(json.dumps(plan))
   subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',
-                  f'--sampler={tmp_path / "rows.json"}', '--variant=64 rows',
+                  f'--sampler={tmp_path / "rows.json"}', '--variant=16 rows',
                   f'--out={out}'], cwd=_ROOT, check=True, capture_output=True,
                  timeout=120)
   v = json.loads(out.read_text())['phases']
-  assert (v['rounds'], v['prefills'], v['decode_rows']) == (1, 8, 2048)
+  assert (v['rounds'], v['prefills'], v['decode_rows']) == (4, 8, 512)
   assert v['generation_s'] == pytest.approx(
-      (8 * v['prefill_ms'] + 8192 * v['decode_ms']) / 1e3)
-  # The default: the plan's 32 rows a chip (1,024 on v5p-64), 2 rounds.
-  assert (p['rounds'], p['prefills'], p['decode_rows']) == (2, 8, 1024)
+      (8 * v['prefill_ms'] + 4 * 8192 * v['decode_ms']) / 1e3)
+  # The default: the plan's 64 rows a chip (2,048 on v5p-64), one round
+  # (docs/results/plan_rows64_2026-12-07).
+  assert (p['rounds'], p['prefills'], p['decode_rows']) == (1, 8, 2048)
   with pytest.raises(subprocess.CalledProcessError) as e:
     subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',
                     '--variant=3 rows'], cwd=_ROOT, check=True,
