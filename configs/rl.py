@@ -61,8 +61,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # prefill_rows: the most of them one prefill takes (0: all free ones; a
   # pod's first fill of every slot can outgrow the decode's memory).
   # episode_slots: the same for an episode stage's episodes, each row on its
-  # own turn, a key an episode (prefill_rows bounds its prefills and
-  # observation feeds too).
+  # own turn, a key an episode (prefill_rows bounds its prefills of new
+  # episodes too).
   c.rl = ml_collections.ConfigDict(dict(
       algorithm='grpo', prompts_per_step=16, rollouts_per_prompt=8,
       temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16, kl_coef=0.0,

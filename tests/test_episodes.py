@@ -236,9 +236,9 @@ def test_continuous_episodes_equal_the_fixed_batch_with_the_same_keys(
   # through 4 rows: rows are refilled, each on its own turn, and every
   # episode is the fixed batch's for the same per-episode keys: tokens,
   # transcript, routing of every token, outcome; log-probs within 1e-5.
-  # On `small`, new episodes and observations go in at most 3 rows at a
-  # time (rl.prefill_rows: the first fill of the 4 rows takes two
-  # prefills); the hybrid takes every row that needs it at once.
+  # On `small`, new episodes are prefilled at most 3 rows at a time
+  # (rl.prefill_rows: the first fill of the 4 rows takes two prefills); the
+  # hybrid prefills every free row at once. Observations go in in place.
   tok, recs = setup
   m = stopping_policy(tok, cfg=getattr(model, preset)(
       vocab_size=tok.vocab_size))
@@ -302,8 +302,8 @@ def test_continuous_episodes_refuse_bad_input(setup):
 def test_continuous_episode_slots_collect_what_a_key_an_episode_draws(
     setup, monkeypatch):
   # rl.episode_slots: an episode stage's step plays its episodes a few rows
-  # at a time, a key an episode, placing and feeding at most 2 rows at a
-  # time (rl.prefill_rows). The learner's batch is the fixed batch's with
+  # at a time, a key an episode, prefilling at most 2 new ones at a time
+  # (rl.prefill_rows). The learner's batch is the fixed batch's with
   # the same keys, row for row: tokens, masks, routing, rewards, log-probs.
   tok, recs = setup
   m = stopping_policy(tok)

@@ -169,9 +169,9 @@ class RLConfig:
   sample_slots: int = 0
   # With `sample_slots` or `episode_slots`: the most rows one prefill takes,
   # the first fill of every slot included (`generate_continuous` /
-  # `run_episodes(prefill_rows=...)`; episodes' observation feeds too),
-  # rounded up to a multiple of the batch devices; 0: every free row at
-  # once. On a pod the first fill's activations (rows x prompt tokens) can
+  # `run_episodes(prefill_rows=...)`: new episodes; observations go in in
+  # place), rounded up to a multiple of the batch devices; 0: every free
+  # row at once. On a pod the first fill's activations (rows x prompt tokens) can
   # need far more memory than the decode loop: the 30B plan's 32 rows a
   # chip prefill at 60 GB, decode at 37
   # (docs/results/plan_prefill_rows_2026-12-07).

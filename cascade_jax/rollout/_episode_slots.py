@@ -12,9 +12,11 @@ follows the rows that are sampling.
 Each row has its own write index in the KV cache (`KVCache.index` [B]): its
 prompt (left-padded to the run's width), its replies and its observation
 blocks (left-padded to `APPEND_BUCKET` columns, fed a chunk at a time)
-follow each other in its own slots. Prompts and observations go in for the
-rows that need them only: those rows are gathered into a batch of their
-own (a power of two), fed, and written back. A row that is not sampling
+follow each other in its own slots. A new episode's prompt is prefilled
+for the rows that need one only (a batch of their own, a power of two, at
+most `prefill_rows`), then written into them; observations are fed in
+place, every row through the model and the others' columns padding, so no
+row's cache is ever copied. A row that is not sampling
 feeds padding in place during the others' decode steps (segment 0, never
 attended; its index stays), so the cache keeps one chunk of headroom.
 Positions count a row's own tokens, as in `Conversation`; Mamba layers step
@@ -104,12 +106,18 @@ def _place(rows: _Rows, cache, logits, which_k, index_k, pos_k, keys_k, *,
       ctx, _begin(rows, start, put(rows.keys, keys_k), put(rows.pos, pos_k)))
 
 
-@functools.partial(jax.jit, static_argnames=('ctx',))
-def _gather(rows: _Rows, idx_k, *, ctx):
-  """Rows `idx_k`' cache and logits, a batch of their own (split over the
-  mesh of `ctx`, if any)."""
+@functools.partial(jax.jit, static_argnames=('ctx',), donate_argnames=('rows',))
+def _fed(rows: _Rows, index_b, which_b, pos_b, keys_b, *, ctx) -> _Rows:
+  """After an in-place feed: every row's write index `index_b` [B] (the
+  others' as before the feed); rows `which_b` (B: padding, dropped) begin
+  their turn at position `pos_b` with `keys_b`."""
+  b = rows.t.shape[0]
+  put = lambda x, y: x.at[which_b].set(y, mode='drop')
+  start = jnp.zeros((b,), bool).at[which_b].set(True, mode='drop')
+  rows = dataclasses.replace(
+      rows, cache=dataclasses.replace(rows.cache, index=index_b))
   return sharding.constrain_rows(
-      ctx, jax.tree.map(lambda x: x[idx_k], (rows.cache, rows.logits)))
+      ctx, _begin(rows, start, put(rows.keys, keys_b), put(rows.pos, pos_b)))
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids'),
@@ -173,7 +181,7 @@ class _Engine:
     self.model, self.b, self.width, self.pad_id = model, b, width, pad_id
     self.ctx = getattr(model, 'ctx', None)
     self.shards = 1 if self.ctx is None else self.ctx.shards('batch')
-    self.cap = cap            # the most rows one prefill or feed takes
+    self.cap = cap            # the most rows one prefill takes
     self.max_rows = 0         # the most one took (padding included)
     self.graph, self.state = nnx.split(model)
     self.static = dict(cfg=sample, stop_ids=_sampler.stop_tuple(stop_ids))
@@ -231,31 +239,44 @@ class _Engine:
 
   def feed(self, which: np.ndarray, blocks: list, keys: jax.Array):
     """Feeds rows `which` their tokens (left-padded to whole chunks of
-    `APPEND_BUCKET`, as `Conversation.append`), those rows gathered into a
-    batch of their own; their next turn begins with `keys`. Returns the
-    block's experts [k, W, L, k] (row j: which[j]) or None."""
+    `APPEND_BUCKET`, as `Conversation.append`) in place: every row goes
+    through the model, the others' columns padding (segment 0, never
+    attended, written into the one chunk of headroom past their write
+    index, which stays). No row's cache is copied (a gather of the fed
+    rows' caches cost a row's whole cache each, ~1 GB a row a chip in the
+    30B plan, and moved rows between devices on a mesh), and every feed has
+    one shape. Their next turn begins with `keys`. Returns the block's
+    experts [k, W, L, k] (row j: which[j]) or None."""
     bucket = _turns.APPEND_BUCKET
     w = -(-max(map(len, blocks)) // bucket) * bucket
-    here = sharding.to_host(self.rows.pos)
-    toks, valid, pos = self._block(blocks, w, list(here[which]))
-    k = toks.shape[0]
-    take, put = self._rows(which, k)
-    cache, logits = _gather(self.rows, jnp.asarray(take), ctx=self.ctx)
+    here, index = sharding.to_host((self.rows.pos, self.rows.cache.index))
+    toks = np.full((self.b, w), self.pad_id, np.int32)
+    valid = np.zeros((self.b, w), bool)
+    pos = np.zeros((self.b, w), np.int32)
+    for row, t in zip(which, blocks):
+      toks[row, w - len(t):], valid[row, w - len(t):] = t, True
+      pos[row, w - len(t):] = here[row] + np.arange(len(t))
     feed = _turns._feed_steps if self.mamba else _turns._feed  # pylint: disable=protected-access
-    out = []
-    for c in range(0, w, bucket):
+    cache, logits, out = self.rows.cache, self.rows.logits, []
+    for c in range(0, w, bucket):   # the cache is donated: in place
       logits, cache, experts = feed(
           self.graph, self.state, jnp.asarray(toks[:, c:c + bucket]),
           jnp.asarray(valid[:, c:c + bucket]),
           jnp.asarray(pos[:, c:c + bucket]), cache, logits)
       out.append(experts)
-    self.rows = _place(self.rows, cache, logits, jnp.asarray(put),
-                       cache.index,
-                       jnp.asarray(here[take] + valid.sum(1), jnp.int32),
-                       self._keys(keys, k), ctx=self.ctx)
+    fed = np.zeros((self.b,), bool)
+    fed[which] = True
+    _, put = self._rows(which, self.b)
+    self.rows = _fed(
+        dataclasses.replace(self.rows, cache=cache, logits=logits),
+        jnp.asarray(np.where(fed, index + w, index), jnp.int32),
+        jnp.asarray(put), jnp.asarray(np.concatenate([
+            here[which] + valid[which].sum(1),
+            np.zeros((self.b - len(which),))]), jnp.int32),
+        self._keys(keys, self.b), ctx=self.ctx)
     if not self.record:
       return None
-    return np.concatenate(sharding.to_host(out), 1)
+    return np.concatenate(sharding.to_host(out), 1)[which]
 
   def decode(self, wanted: int) -> int:
     self.rows, ran = _decode_turns(self.graph, self.state, self.layouts,
@@ -273,8 +294,8 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
          refill, pool, record_experts: bool, timing: dict, prompt_width: int,
          stats: dict | None, prefill_rows: int = 0) -> None:
   """Plays `eps` (started by `run_episodes`) `slots` rows at a time,
-  placing episodes and feeding observations `prefill_rows` rows at a time
-  at most (0: every row that needs it at once)."""
+  prefilling new episodes `prefill_rows` rows at a time at most (0: every
+  free row at once); observations go in in place, every row at once."""
   if slots < 1:
     raise ValueError(f'run_episodes: slots must be >= 1, got {slots}')
   if prefill_rows < 0:
@@ -342,15 +363,15 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
         episode[row] = -1
       else:
         blocks[row] = fed
-    for which in _chunks(np.asarray(list(blocks), np.int64), cap):
+    if blocks:    # fed in place: no row's cache is copied, any count
+      which = np.asarray(list(blocks))
       turns = jnp.asarray([eps[episode[row]].turns for row in which])
-      exps = engine.feed(which, [blocks[row] for row in which],
-                         _episodes.turn_keys(keys[np.asarray(episode[which])],
-                                             turns))
+      exps = engine.feed(which, list(blocks.values()), _episodes.turn_keys(
+          keys[np.asarray(episode[which])], turns))
       if exps is not None:
-        for j, row in enumerate(which):
+        for j, (row, fed) in enumerate(blocks.items()):
           _episodes._take_block(eps[episode[row]],  # pylint: disable=protected-access
-                                exps[j, exps.shape[1] - len(blocks[row]):])
+                                exps[j, exps.shape[1] - len(fed):])
   if stats is not None:
     stats.update(steps=steps, row_steps=row_steps, places=places,
                  slots=b, tokens_per_step=row_steps / max(steps, 1),

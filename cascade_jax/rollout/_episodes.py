@@ -221,14 +221,15 @@ def run_episodes(model, tok: data.Tokenizer, records: Sequence[dict], *,
   row on its own turn (`_episode_slots`; `refill` is its); every episode
   equals the fixed batch's with the same `keys` (tokens; log-probs within
   float error). `prefill_rows` (with `slots`): the most rows one prefill
-  of new episodes or one feed of observations takes (rounded up to a
-  multiple of the batch devices; 0: every row that needs it at once), as
-  `generate_continuous`'s: a pod's first fill of every slot can need far
-  more memory than the decode loop; the episodes are the same. `stats`:
+  of new episodes takes (rounded up to a multiple of the batch devices; 0:
+  every free row at once), as `generate_continuous`'s: a pod's first fill
+  of every slot can need far more memory than the decode loop; the
+  episodes are the same. (Observations are fed in place, every row at
+  once: no row's cache is copied.) `stats`:
   gets `steps` (decode steps), `row_steps` (tokens sampled) and
   `tokens_per_step`; with `slots` also `places` (prefills of new
-  episodes) and `max_prefill` (the most rows one prefill or feed took,
-  padding included).
+  episodes) and `max_prefill` (the most rows one of them took, padding
+  included).
   """
   timing = {} if timing is None else timing
   timing.setdefault('env_s', 0.0)
