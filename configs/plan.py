@@ -140,8 +140,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == 'qwen3_30b_a3b_rows64':
     # 64 sampler rows a chip (the recipe's 2,048 rollouts in one round on
     # v5p-64) with the first fill in 16-row chunks: the 64-row decode step
-    # (never compiled: this host's 24 GB ran out), the chunked prefill and
-    # the sync (the pod model's rows) (docs/results/plan_rows64_2026-12-07).
+    # (first compiled here: 13 GB of host memory alone), the chunked
+    # prefill and the sync (the pod model's rows)
+    # (docs/results/plan_rows64_2026-12-07).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
     c.variants = ml_collections.ConfigDict({

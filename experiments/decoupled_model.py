@@ -59,10 +59,10 @@ _MIN_L = flags.DEFINE_integer('min_learner_chips', 8,
 _PER_HOST = flags.DEFINE_integer('chips_per_host', 4,
                                  "Chips a host (v5p's 4).")
 _VARIANT = flags.DEFINE_string(
-    'variant', '64 rows', "The sampler plan's variant (e.g. '32 rows' with "
-    '--sampler=docs/results/plan_rollout_rows_2026-12-06/plan/results.json:'
-    'configs/plan.py:qwen3_30b_a3b_rollout_rows) for the decode and sync '
-    'rows.')
+    'variant', '64 rows', "The sampler plan's variant for the decode and "
+    "sync rows (e.g. '32 rows' with --sampler="
+    'docs/results/plan_rollout_rows_2026-12-06/plan/results.json, from '
+    'configs/plan.py:qwen3_30b_a3b_rollout_rows).')
 _OUT = flags.DEFINE_string('out', '', 'Writes model.json here if set.')
 
 

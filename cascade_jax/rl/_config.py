@@ -171,9 +171,9 @@ class RLConfig:
   # the first fill of every slot included (`generate_continuous` /
   # `run_episodes(prefill_rows=...)`: new episodes; observations go in in
   # place), rounded up to a multiple of the batch devices; 0: every free
-  # row at once. On a pod the first fill's activations (rows x prompt tokens) can
-  # need far more memory than the decode loop: the 30B plan's 32 rows a
-  # chip prefill at 60 GB, decode at 37
+  # row at once. On a pod the first fill's activations (rows x prompt
+  # tokens) can need far more memory than the decode loop: the 30B plan's
+  # 32 rows a chip prefill at 60 GB, decode at 37
   # (docs/results/plan_prefill_rows_2026-12-07).
   prefill_rows: int = 0
   # Continuous batching of a step's episodes (`run_episodes(slots=...)`,

@@ -91,19 +91,31 @@ def _begin(rows: _Rows, start, keys, pos=None) -> _Rows:
       pos=rows.pos if pos is None else jnp.where(start, pos, rows.pos))
 
 
+def _put(x, which_k, y):
+  """`x` with `y` in rows `which_k` (B: padding, dropped)."""
+  return x.at[which_k].set(y.astype(x.dtype), mode='drop')
+
+
+def _start_turns(rows: _Rows, which_k, pos_k, keys_k, ctx) -> _Rows:
+  """Rows `which_k` (B: padding, dropped) begin a turn at position `pos_k`
+  with `keys_k`; on a mesh (`ctx`) the rows stay split over it."""
+  start = _put(jnp.zeros(rows.t.shape, bool), which_k,
+               jnp.ones(which_k.shape, bool))
+  return sharding.constrain_rows(ctx, _begin(
+      rows, start, _put(rows.keys, which_k, keys_k),
+      _put(rows.pos, which_k, pos_k)))
+
+
 @functools.partial(jax.jit, static_argnames=('ctx',), donate_argnames=('rows',))
 def _place(rows: _Rows, cache, logits, which_k, index_k, pos_k, keys_k, *,
            ctx) -> _Rows:
   """Writes k rows' `cache` and `logits` into rows `which_k` (B: padding,
   dropped) at write index `index_k` and position `pos_k`; their turn
-  begins with `keys_k`. On a mesh (`ctx`) the rows stay split over it."""
-  put = lambda x, y: x.at[which_k].set(y.astype(x.dtype), mode='drop')
-  new = _continuous.put_rows(rows.cache, cache, which_k, index_k)
-  b = rows.t.shape[0]
-  start = jnp.zeros((b,), bool).at[which_k].set(True, mode='drop')
-  rows = dataclasses.replace(rows, cache=new, logits=put(rows.logits, logits))
-  return sharding.constrain_rows(
-      ctx, _begin(rows, start, put(rows.keys, keys_k), put(rows.pos, pos_k)))
+  begins with `keys_k`."""
+  rows = dataclasses.replace(
+      rows, cache=_continuous.put_rows(rows.cache, cache, which_k, index_k),
+      logits=_put(rows.logits, which_k, logits))
+  return _start_turns(rows, which_k, pos_k, keys_k, ctx)
 
 
 @functools.partial(jax.jit, static_argnames=('ctx',), donate_argnames=('rows',))
@@ -111,13 +123,9 @@ def _fed(rows: _Rows, index_b, which_b, pos_b, keys_b, *, ctx) -> _Rows:
   """After an in-place feed: every row's write index `index_b` [B] (the
   others' as before the feed); rows `which_b` (B: padding, dropped) begin
   their turn at position `pos_b` with `keys_b`."""
-  b = rows.t.shape[0]
-  put = lambda x, y: x.at[which_b].set(y, mode='drop')
-  start = jnp.zeros((b,), bool).at[which_b].set(True, mode='drop')
   rows = dataclasses.replace(
       rows, cache=dataclasses.replace(rows.cache, index=index_b))
-  return sharding.constrain_rows(
-      ctx, _begin(rows, start, put(rows.keys, keys_b), put(rows.pos, pos_b)))
+  return _start_turns(rows, which_b, pos_b, keys_b, ctx)
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids'),
