@@ -101,6 +101,9 @@ def test_continuous_batching_on_the_main_job_model():
   assert len(set(np.asarray(ref.mask.sum(1)).tolist())) > 3
 
 
+# CI; the default suite runs rl.prefill_rows reaching the episodes
+# (test_episodes); the main job fills in one prefill.
+@pytest.mark.slow
 def test_continuous_prefill_in_chunks_samples_what_one_prefill_samples():
   # rl.prefill_rows: the first fill of 8 slots in prefills of at most 3
   # rows (3, 3, 2), the refills too; the same samples as the plain

@@ -96,6 +96,8 @@ def test_long_decays_stay_exact():
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+# CI; the default suite runs packing on the main job's model (test_model).
+@pytest.mark.slow
 def test_packed_equals_unpacked():
   cfg = _main_job_cfg().replace_moe(dispatch='dropless')
   m = _jit(model.Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -162,7 +164,9 @@ def setup():
   return tok, recs
 
 
-@pytest.mark.parametrize('top_p', [1.0, pytest.param(0.95, marks=pytest.mark.slow)])
+# CI (the main job's model: tests/test_rl.py).
+@pytest.mark.slow
+@pytest.mark.parametrize('top_p', [1.0, 0.95])
 def test_learner_equals_sampler_in_the_rl_loop(setup, top_p):
   # The on-policy property on the hybrid main job's model, capacity
   # dispatch, routing replayed: the RL loop's own collect and update.
@@ -207,6 +211,9 @@ def test_scan_and_remat_equal_the_plain_forward_and_grads(scan, remat):
   chex.assert_trees_all_close(g1, g0, atol=2e-6, rtol=1e-4)
 
 
+# CI; the default suite runs bf16 activations on the main job's model
+# (test_model).
+@pytest.mark.slow
 def test_bf16_activations_keep_the_ssm_state_in_fp32():
   cfg = _main_job_cfg().replace_moe(dispatch='dropless')
   m32 = _jit(model.Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -261,9 +268,9 @@ def _sharded_loss_and_grads(cfg, ctx):
   return f(params), params
 
 
+@pytest.mark.slow   # CI (the main job's model on meshes: test_sharding)
 @pytest.mark.parametrize('mesh_name', [
-    'data2_expert2_tensor2', pytest.param('data8', marks=pytest.mark.slow),
-    pytest.param('fsdp2_tensor4', marks=pytest.mark.slow)])
+    'data2_expert2_tensor2', 'data8', 'fsdp2_tensor4'])
 def test_sharded_forward_and_grads_equal_single_device(mesh_name):
   assert jax.device_count() == 8
   cfg = _main_job_cfg(vocab_size=256).replace_moe(dispatch='dense')

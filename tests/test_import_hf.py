@@ -253,6 +253,8 @@ def _chat_checkpoint(src: str, positions: int) -> tuple[str, int]:
   return src, n
 
 
+# CI; the default suite runs the import itself (test_import_hf_command_line).
+@pytest.mark.slow
 def test_sft_starts_from_a_transformers_checkpoint(tmp_path):
   """`hf:DIR` as the SFT stage's init_from: imported into the stage
   (weights, the BPE tokenizer, its chat template and stop ids), then

@@ -43,8 +43,9 @@ def test_rope_is_a_rotation_and_relative():
 
 
 @pytest.mark.parametrize('use_rope', [True, False])
-@pytest.mark.parametrize('dispatch', [pytest.param(
-    'dense', marks=pytest.mark.slow), 'ragged', 'capacity'])  # dense: CI
+@pytest.mark.parametrize('dispatch', [  # the main job's (capacity); CI all
+    pytest.param('dense', marks=pytest.mark.slow),
+    pytest.param('ragged', marks=pytest.mark.slow), 'capacity'])
 def test_packed_equals_unpacked(use_rope, dispatch):
   cfg = model.tiny(use_rope=use_rope).replace_moe(dispatch=dispatch,
                                                   capacity_factor=2.0)

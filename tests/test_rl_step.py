@@ -390,6 +390,9 @@ def test_a_step_moves_data_once_each_way(setup, monkeypatch, algorithm):
     assert metrics['sampler_mismatch_max'] <= 1e-5
 
 
+# CI; the default suite runs the correction's own tests (test_losses); the main
+# job samples in fp32.
+@pytest.mark.slow
 def test_weight_sync_bf16_sampler_is_corrected_in_the_loss(setup):
   # rl.sampler_dtype='bfloat16': the sampler runs a bf16 copy of the fp32
   # learner (one jitted cast, shardings kept, the learner's state

@@ -274,7 +274,8 @@ def test_a_long_cache_is_read_in_written_blocks_with_the_same_samples():
   assert ops.selected()['cache_attention'] == [f'{want} (cpu, float32)']
 
 
-@pytest.mark.parametrize('pattern', ['*E*E', 'ME*E'])
+@pytest.mark.parametrize('pattern', [  # the hybrid's: CI
+    '*E*E', pytest.param('ME*E', marks=pytest.mark.slow)])
 def test_a_fused_prefill_samples_what_the_cache_read_samples(pattern):
   # The sampler's prefill writes new prompts into an empty cache: with
   # prefill_attention 'fused' (GPU / TPU's default) the prompt attends over
@@ -309,7 +310,8 @@ def test_a_fused_prefill_samples_what_the_cache_read_samples(pattern):
   assert ops.selected()['prefill_attention'] == ['cache (cpu, float32)']
 
 
-@pytest.mark.parametrize('preset', ['small', 'small_hybrid'])
+@pytest.mark.parametrize('preset', [  # the hybrid: CI
+    'small', pytest.param('small_hybrid', marks=pytest.mark.slow)])
 def test_an_observation_fed_in_chunks_continues_as_one_block(preset):
   # Conversation.append feeds a later block bucket-wide columns at a time
   # (one program per batch, whatever the observation's width): the next

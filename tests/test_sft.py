@@ -78,6 +78,9 @@ def test_sft_on_an_expert_parallel_mesh(tmp_path):
   assert loss('mesh')[-1] < loss('mesh')[0] - 0.3     # it learns
 
 
+# CI; the default suite runs the main job's SFT takes one batch a step
+# (accum_steps=1).
+@pytest.mark.slow
 def test_gradient_accumulation_is_exact():
   cfg = model.tiny()
   opt = train.make_optimizer(train.OptimConfig(lr=1e-2, warmup_steps=1))

@@ -65,12 +65,14 @@ def _reference(dispatch):
 
 
 def _dispatch_meshes():
-  # By default: the main job's dispatch (capacity) on every mesh, the
-  # others on the expert mesh; CI runs every pair (dense, the reference,
+  # By default: the main job's dispatch (capacity) on every mesh, dropless
+  # on the expert mesh; CI runs every pair (dense, the reference,
   # everywhere).
+  # (ragged's exchange on the expert mesh by default:
+  # test_ragged_all_to_all_dispatch_equals_single_device.)
   for d in ('dense', 'ragged', 'capacity', 'dropless'):
     for m in sorted(MESHES):
-      default = d == 'capacity' or (d != 'dense' and m == 'data2_expert4')
+      default = d == 'capacity' or (d == 'dropless' and m == 'data2_expert4')
       yield pytest.param(m, d, id=f'{d}-{m}',
                          marks=() if default else pytest.mark.slow)
 
@@ -419,9 +421,11 @@ def test_weight_sync_decode_weight_layout_samples_what_the_default_samples(mesh)
   np.testing.assert_allclose(draws['decode'].logprobs,
                              draws['default'].logprobs, atol=1e-5)
 
-@pytest.mark.parametrize('mesh', [  # the tensor mesh: CI
-    dict(fsdp=2, expert=4),
-    pytest.param(dict(fsdp=2, expert=2, tensor=2), marks=pytest.mark.slow)])
+# CI (the default suite: the Pallas kernel in the sampler off a mesh,
+# tests/test_decode_attention.py; the inference layout, above).
+@pytest.mark.slow
+@pytest.mark.parametrize('mesh', [
+    dict(fsdp=2, expert=4), dict(fsdp=2, expert=2, tensor=2)])
 def test_inference_layout_pallas_cache_attention_samples_what_xla_samples(mesh):
   # The TPU sampler's cache attention (`cache_attention='pallas'`, here in
   # Pallas' interpreter) on a mesh: the sampler's weights in the inference
