@@ -121,16 +121,22 @@ def _laptop(c):
   return c
 
 
-def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
+# The main job's stage kinds by default (its RLHF reward is the RM); with
+# the generative judge's stage in the cascade too in CI (the judge stage
+# alone, trained and serving as a reward: tests/test_judge.py).
+@pytest.mark.parametrize('judge', [False, pytest.param(
+    True, marks=pytest.mark.slow)], ids=['main_job_kinds', 'judge'])
+def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys,
+                                                        judge):
   c = _laptop(cascade_config.get_config('quick'))
-  c.order = 'sft,rm,judge,rlhf_branch,if_rl,mopd'
+  names = ['sft', 'rm'] + ['judge'] * judge + ['rlhf_branch', 'if_rl', 'mopd']
+  c.order = ','.join(names)
   c.eval_worker = 'process'   # the main job's ('auto' there); quick: inline
   c.stages.mopd.teachers = dict(math='sft', instruction_following='if_rl',
                                 multi_domain='', preference='rlhf_branch')
   c.stages.mopd.data.domain = 'math,instruction_following,preference'
   records = cascade.run(c, str(tmp_path))
-  assert [r['name'] for r in records] == ['sft', 'rm', 'judge', 'rlhf_branch',
-                                         'if_rl', 'mopd']
+  assert [r['name'] for r in records] == names
   for r in records:
     assert os.path.exists(tmp_path / r['name'] / 'stage.json')
     # Each stage's directory holds its own runner config: the cascade's
@@ -160,14 +166,16 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
                              atol=1e-5)
   assert rm_fn(held[:1], [held[0]['chosen']])[0] == pytest.approx(
       chosen[0], abs=1e-5)
-  # The judge (the RLHF stages' default reward) as a reward function is the
+  # The judge (the paper's RLHF reward) as a reward function is the
   # trained judge: its verdicts on the held-out pairs are the judge stage's.
-  judge = records[2]['judge']
-  assert judge == json.load(open(tmp_path / 'judge' / 'judge_scores.json'))
-  j_fn = reward_model.load(str(tmp_path / 'judge'))
-  assert isinstance(j_fn, reward_model.JudgeReward)
-  again = reward_model.judge_agreement(j_fn.judge, held)
-  assert again == {k: judge[k] for k in again}
+  if judge:
+    verdicts = records[2]['judge']
+    assert verdicts == json.load(open(tmp_path / 'judge' /
+                                      'judge_scores.json'))
+    j_fn = reward_model.load(str(tmp_path / 'judge'))
+    assert isinstance(j_fn, reward_model.JudgeReward)
+    again = reward_model.judge_agreement(j_fn.judge, held)
+    assert again == {k: verdicts[k] for k in again}
   assert json.load(open(tmp_path / 'rlhf_branch' / 'config.json'))[
       'reward_model'] == {'generative_judge': 'judge', 'bradley_terry': 'rm'}[
           cascade_config.RLHF_REWARD]
@@ -192,12 +200,12 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys):
   again = cascade.run(c, str(tmp_path))
   assert again == records
   out = capsys.readouterr().out
-  assert out.count('skipped') == 6 and 'warning' not in out
+  assert out.count('skipped') == len(names) and 'warning' not in out
   # The stages were scored in the evaluation process beside the training
   # (test_a_killed_stage_resumes checks that this process scores SFT's
   # checkpoint to the same per-prompt results).
   assert [r['scored_in'] for r in records] == [
-      'process', 'inline', 'inline', 'process', 'process', 'process']
+      'inline' if n in ('rm', 'judge') else 'process' for n in names]
   c.stages.if_rl.optim.lr = 1e-5     # a finished stage's config changed
   cascade.run(c, str(tmp_path))
   assert 'warning: if_rl was run with another config' in capsys.readouterr().out
