@@ -13,7 +13,7 @@ otherwise fake CPU devices.
 
 The 30B shapes, per device: SFT one packed 8k-token row; RL one rollout
 (a 2k prompt + an 8k response: 10,239 scored positions) per device and
-update; the sampler 32 rows (Qwen3; the hybrid 8), 2k-token prompts, a
+update; the sampler 64 rows (Qwen3; the hybrid 8), 2k-token prompts, a
 10k-token KV cache. The plan compiles strict (`ops_strict`): a kernel that
 would fall back to XLA at these shapes is an error, not a quiet slow step.
 """
@@ -43,7 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.update(train.placement_defaults())
   del c['mesh']                     # the plan's meshes are `meshes`
   c.platform = 'auto'               # 'auto' (TPU if libtpu), 'tpu', 'cpu'
-  c.steps = 'sft,grpo,mopd,prefill,decode,sync'
+  c.steps = 'sft,grpo,mopd,prefill,decode,feed,sync'
   # The sampler's weights (prefill, decode; `sync` makes them from the
   # learner's): '' the model's own param dtype, or the RL stage's
   # rl.sampler_dtype ('bfloat16' at scale: half the bytes a decode step reads).
@@ -147,6 +147,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
     c.variants = ml_collections.ConfigDict({
         '64 rows': dict(rollout_rows=64, prefill_rows=16)})
+  elif arg == 'qwen3_30b_a3b_feed':
+    # Episode slots' in-place observation feed (rl.episode_slots) at the
+    # plan's 64 rows a chip: every row's 16-token block through the model
+    # into the 64-row, 10k-token cache, donated
+    # (docs/results/plan_feed_2026-12-07).
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.only = 'feed', 'v5p-64'
+    c.variants = ml_collections.ConfigDict({
+        '64 rows': dict(rollout_rows=64, prefill_rows=16)})
   elif arg == 'qwen3_30b_a3b_fsdp_expert':
     # The non-expert weights (attention, norms, embeddings) sharded over the
     # expert axis too, not replicated across it: `embed` -> fsdp x expert
@@ -230,6 +239,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f'configs/plan.py: unknown argument {arg!r} (known: '
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
                      'qwen3_30b_a3b_rollout_rows, qwen3_30b_a3b_prefill_rows, '
+                     'qwen3_30b_a3b_rows64, qwen3_30b_a3b_feed, '
                      'qwen3_30b_a3b_recipe_batch, qwen3_30b_a3b_fsdp_expert, '
                      'nemotron3_nano_30b_a3b, nemotron3_nano_30b_a3b_ep, '
                      'small, small_hybrid)')

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 from cascade_jax import aot
 from cascade_jax import checkpoint
 from cascade_jax import model
+from cascade_jax import rollout
 from cascade_jax import sharding
 from cascade_jax import train
 from cascade_jax import utils
@@ -370,6 +371,29 @@ def test_plan_prefill_in_chunks_writes_into_the_whole_cache():
   assert chunk.alias_bytes >= whole.alias_bytes > 0     # the cache, in place
 
 
+def test_plan_feed_compiles_the_episode_slots_feed_in_place():
+  # The `feed` step: episode slots' observation block (APPEND_BUCKET tokens
+  # a row, every row) fed in place into the decode step's cache (each row
+  # its own write index): the cache an argument and donated, the block's
+  # tokens counted; on the hybrid the column-by-column feed
+  # (`rollout.feed_fn`).
+  c = plan_config.get_config('small')
+  c.only, c.steps = 'data2_expert4', 'decode,feed'
+  decode, feed = aot.run(c, progress=lambda s: None)
+  assert (decode.step, feed.step) == ('decode', 'feed')
+  rows = c.shapes.rollout_rows * 8
+  assert feed.tokens == rollout.APPEND_BUCKET * decode.tokens == (
+      rollout.APPEND_BUCKET * rows)
+  # The same weights and cache, plus the block and the rows' logits.
+  assert 0 < feed.argument_bytes - decode.argument_bytes < 0.1 * (
+      decode.argument_bytes)
+  assert feed.alias_bytes >= decode.alias_bytes > 0     # the cache, in place
+  assert feed.model_flops == pytest.approx(
+      decode.model_flops * rollout.APPEND_BUCKET)
+  assert rollout.feed_fn(model.small_hybrid()) is not rollout.feed_fn(
+      model.small())
+
+
 def test_counted_flops_include_attention():
   cfg = aot.model_config(plan_config.get_config('qwen3_30b_a3b'))
   shapes = plan_config.get_config('qwen3_30b_a3b').shapes.to_dict()
@@ -443,7 +467,7 @@ def test_plan_on_the_hybrid_preset_compiles_every_step():
   c = plan_config.get_config('small_hybrid')
   costs = aot.run(c, progress=lambda s: None)
   assert [x.step for x in costs] == ['sft', 'grpo', 'mopd', 'prefill',
-                                     'decode', 'sync']
+                                     'decode', 'feed', 'sync']
   sft = costs[0]
   batch = 5 * 128 * 4
   assert sft.argument_bytes == pytest.approx(sft.state_bytes + batch,

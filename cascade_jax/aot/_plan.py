@@ -10,6 +10,10 @@ with `jax.ShapeDtypeStruct`s only (no weights exist anywhere):
            `prefill_rows`: continuous batching's, that many rows prefilled
            and written into the `rollout_rows`-row cache)
   decode   one sampler decode step over the cache
+  feed     a multi-turn episode's observation fed in place
+           (`rl.episode_slots`): every row's block of `APPEND_BUCKET`
+           tokens through the model into the cache (one write index a row),
+           the others' columns padding (`rollout.feed_fn`)
   sync     the weight sync: the sampler's copy of the learner's weights in
            the config's `sampler_dtype` and `sampler_layout`
            (`rl.SamplerWeights`' jitted cast and reshard)
@@ -61,9 +65,9 @@ from cascade_jax import train
 from cascade_jax.aot._report import GB
 from cascade_jax.aot._report import StepCost
 
-STEPS = ('sft', 'grpo', 'mopd', 'prefill', 'decode', 'sync')
+STEPS = ('sft', 'grpo', 'mopd', 'prefill', 'decode', 'feed', 'sync')
 TRAIN_STEPS = ('sft', 'grpo', 'mopd')
-SAMPLER_STEPS = ('prefill', 'decode', 'sync')
+SAMPLER_STEPS = ('prefill', 'decode', 'feed', 'sync')
 
 # ------------------------------------------------------------------ devices
 
@@ -250,9 +254,11 @@ def _weight_layout(ctx, shapes) -> str:
 def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None,
                       weight_layout='default', layer_arrays=False,
                       prefill_rows=0):
-  """The sampler's prefill or decode step on its weights as the weight sync
-  writes them: in `weight_layout`, and one array a layer (`layer_arrays`)
-  where the sync copies them (`rl.sampler_tree`). A prefill of
+  """The sampler's prefill, decode or feed step on its weights as the
+  weight sync writes them: in `weight_layout`, and one array a layer
+  (`layer_arrays`) where the sync copies them (`rl.sampler_tree`). A feed
+  is episode slots': a block of `rollout.APPEND_BUCKET` tokens a row, each
+  row at its own write index. A prefill of
   `prefill_rows` (fewer than `rows`) is continuous batching's: those rows
   prefilled, then written into the `rows`-row cache."""
   model = train.abstract_model(cfg, model_ctx or ctx)
@@ -260,6 +266,15 @@ def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None,
   state = rl.sampler_tree(
       state, rl.weight_formats(state) if weight_layout == 'decode' else None,
       layer_arrays=layer_arrays)
+  if which == 'feed':
+    cache = _abstract_cache(cfg, ctx, rows, length, row_index=True)
+    w = rollout.APPEND_BUCKET
+    block = _rows(ctx, {'tokens': (rows, w), 'valid': (rows, w),
+                        'pos': (rows, w), 'logits': (rows, cfg.vocab_size)},
+                  {'valid': 'bool', 'logits': 'float32'})
+    return rollout.feed_fn(cfg), (
+        graph, state, block['tokens'], block['valid'], block['pos'], cache,
+        block['logits']), {}
   if which == 'prefill' and 0 < prefill_rows < rows:
     cache = _abstract_cache(cfg, ctx, rows, length, row_index=True)
     new = _rows(ctx, {'tokens': (prefill_rows, prompt),
@@ -317,7 +332,8 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
                            shapes['cache_len'], step, model_ctx,
                            weight_layout, copied, chunk) + (
                                chunk * shapes['prompt_len'] if step == 'prefill'
-                               else rows,)
+                               else rows * rollout.APPEND_BUCKET
+                               if step == 'feed' else rows,)
 
 
 def _compile(step: str, cfg, ctx, opt, shapes):
@@ -462,19 +478,21 @@ def model_flops(step: str, cfg, tokens: int, context: float = 0.0) -> float:
   per_token = 2 * (pc.active - pc.embedding)
   per_token += (4 * cfg.num_heads * cfg.head_dim * context *
                 cfg.pattern.count(model_lib.ATTENTION))
-  if step in ('prefill', 'decode'):
+  if step in SAMPLER_STEPS:
     return per_token * tokens
   return per_token * tokens * (4 if cfg.remat == 'full' else 3)
 
 
 def attention_context(step: str, shapes: Mapping[str, int]) -> float:
   """The keys a query sees on average in `step` (causal rows: half the row;
-  a decode step: the whole cache, an upper bound)."""
+  a decode step or an episode's fed block: the whole cache, an upper
+  bound)."""
   return {'sft': shapes.get('sft_seq', 0) / 2,
           'grpo': shapes.get('rl_seq', 0) / 2,
           'mopd': shapes.get('rl_seq', 0) / 2,
           'prefill': shapes.get('prompt_len', 0) / 2,
-          'decode': shapes.get('cache_len', 0), 'sync': 0}[step]
+          'decode': shapes.get('cache_len', 0),
+          'feed': shapes.get('cache_len', 0), 'sync': 0}[step]
 
 
 def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:

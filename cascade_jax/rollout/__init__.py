@@ -26,7 +26,9 @@ from cascade_jax.rollout._episodes import EpisodeConfig
 from cascade_jax.rollout._episodes import make_env
 from cascade_jax.rollout._episodes import run_episodes
 from cascade_jax.rollout._episodes import turn_keys
+from cascade_jax.rollout._turns import APPEND_BUCKET
 from cascade_jax.rollout._turns import Conversation
+from cascade_jax.rollout._turns import feed_fn
 from cascade_jax.rollout._turns import Turn
 from cascade_jax.rollout._evaluate import evaluate_and_log
 from cascade_jax.rollout._evaluate import episode_config

@@ -198,7 +198,6 @@ class _Engine:
     n_moe = mcfg.pattern.count(model_lib.MOE)
     moe = (n_moe, mcfg.moe.top_k) if record_experts and n_moe else (0, 0)
     self.record = bool(moe[0])
-    self.mamba = model_lib.MAMBA in mcfg.pattern
     self.layouts = _continuous._layouts(self.graph, self.state, b)  # pylint: disable=protected-access
     self.rows = _empty(self.ctx, mcfg, b, slots, sample.max_new_tokens, moe,
                        pad_id)
@@ -264,7 +263,7 @@ class _Engine:
     for row, t in zip(which, blocks):
       toks[row, w - len(t):], valid[row, w - len(t):] = t, True
       pos[row, w - len(t):] = here[row] + np.arange(len(t))
-    feed = _turns._feed_steps if self.mamba else _turns._feed  # pylint: disable=protected-access
+    feed = _turns.feed_fn(self.model.cfg)
     cache, logits, out = self.rows.cache, self.rows.logits, []
     for c in range(0, w, bucket):   # the cache is donated: in place
       logits, cache, experts = feed(

@@ -107,6 +107,13 @@ def _feed_steps(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
   return logits, cache, experts
 
 
+def feed_fn(cfg: model_lib.ModelConfig):
+  """The jitted block feed for `cfg`'s model: `_feed`, or `_feed_steps`
+  where the pattern has Mamba layers. Episode slots feed observations with
+  it (every row, in place), and the AOT plan compiles it (its `feed` step)."""
+  return _feed_steps if model_lib.MAMBA in cfg.pattern else _feed
+
+
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids',
                                              'pad_id', 'record_experts'),
                    donate_argnames=('cache',))
