@@ -68,11 +68,12 @@ def test_layer_groups_of_patterns():
 _SLOW = pytest.mark.slow
 
 
+# CI: the main job neither scans nor rematerialises (the 30B plans compile
+# scan + full remat by default: tests/test_scale.py).
+@_SLOW
 @pytest.mark.parametrize('scan,remat', [
-    (True, 'full'), pytest.param(True, 'none', marks=_SLOW),
-    pytest.param(False, 'full', marks=_SLOW),
-    pytest.param(True, 'save_dots', marks=_SLOW),
-    pytest.param(False, 'save_dots_no_batch', marks=_SLOW)])
+    (True, 'full'), (True, 'none'), (False, 'full'), (True, 'save_dots'),
+    (False, 'save_dots_no_batch')])
 def test_scan_and_remat_equal_the_plain_forward_and_grads(scan, remat):
   toks = _tokens()
   v0, (l0, e0), g0 = _plain()
