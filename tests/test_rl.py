@@ -76,7 +76,11 @@ def _main_job_policy(tok, seed=0):
   return (cfg, opt) + train.init_state(m, opt)
 
 
-@pytest.mark.parametrize('top_p', [1.0, 0.95])
+# code_rl's top-p by default (the scoring over the sampled set too); plain
+# sampling in CI (and in every RL stage of tests/test_cascade.py's quick
+# cascade).
+@pytest.mark.parametrize('top_p', [pytest.param(1.0, marks=pytest.mark.slow),
+                                   0.95])
 def test_learner_equals_sampler_on_the_main_jobs_model(setup, top_p):
   # 64 rollouts x 16 tokens through the main job's model: its configured
   # capacity (factor 1.25) drops tokens in a batch this size, so the
