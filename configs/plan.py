@@ -97,7 +97,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # 32 rows the first fill in chunks of 16 peaks at 46.8 GB, all at
         # once at 60.1 (the decode: 37.3;
         # docs/results/plan_prefill_rows_2026-12-07). 0: all at once.
-        prefill_rows=16))
+        prefill_rows=16,
+        # The decode step's write index: 1, one a row (continuous batching,
+        # rl.sample_slots, and episode slots: what the pod advice above
+        # runs); 0, one for the batch (a fixed batch)
+        # (docs/results/plan_row_index_2026-12-07).
+        row_index=0))
   elif arg == 'qwen3_30b_a3b_micro':
     # The GRPO update over more rollouts per device than fit at once, in
     # micro-batches (one optimizer step, gradients accumulated): rollouts
@@ -156,6 +161,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.steps, c.only = 'feed', 'v5p-64'
     c.variants = ml_collections.ConfigDict({
         '64 rows': dict(rollout_rows=64, prefill_rows=16)})
+  elif arg == 'qwen3_30b_a3b_row_index':
+    # The 64-row decode with an index a row (continuous batching's and
+    # episode slots' decode), and the sync for the pod model
+    # (docs/results/plan_row_index_2026-12-07; the one-index decode:
+    # docs/results/plan_rows64_2026-12-07).
+    c.update(get_config('qwen3_30b_a3b'))
+    c.steps, c.only = 'decode,sync', 'v5p-64'
+    c.variants = ml_collections.ConfigDict({
+        '64 rows, an index a row': dict(rollout_rows=64, prefill_rows=16,
+                                        row_index=1)})
   elif arg == 'qwen3_30b_a3b_fsdp_expert':
     # The non-expert weights (attention, norms, embeddings) sharded over the
     # expert axis too, not replicated across it: `embed` -> fsdp x expert
@@ -240,6 +255,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                      'qwen3_30b_a3b, qwen3_30b_a3b_micro, '
                      'qwen3_30b_a3b_rollout_rows, qwen3_30b_a3b_prefill_rows, '
                      'qwen3_30b_a3b_rows64, qwen3_30b_a3b_feed, '
+                     'qwen3_30b_a3b_row_index, '
                      'qwen3_30b_a3b_recipe_batch, qwen3_30b_a3b_fsdp_expert, '
                      'nemotron3_nano_30b_a3b, nemotron3_nano_30b_a3b_ep, '
                      'small, small_hybrid)')

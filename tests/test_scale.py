@@ -394,6 +394,24 @@ def test_plan_feed_compiles_the_episode_slots_feed_in_place():
       model.small())
 
 
+def test_plan_decode_writes_one_index_or_one_a_row():
+  # shapes.row_index: continuous batching's and episode slots' decode, each
+  # row writing at its own slot (the cache's index [B]), against a fixed
+  # batch's one index: the same step otherwise, the cache donated in both.
+  c = plan_config.get_config('small')
+  c.only, c.steps = 'data2_expert4', 'decode'
+  c.shapes.row_index = 0
+  c.variants = ml_collections.ConfigDict({
+      'one': dict(row_index=0), 'per row': dict(row_index=1)})
+  one, per_row = aot.run(c, progress=lambda s: None)
+  assert (one.variant, per_row.variant) == ('one', 'per row')
+  rows = c.shapes.rollout_rows * 8
+  assert one.tokens == per_row.tokens == rows
+  # The per-row index: 4 bytes a row more (on a device: its rows').
+  assert 0 < per_row.argument_bytes - one.argument_bytes <= 4 * rows
+  assert per_row.alias_bytes >= one.alias_bytes > 0
+
+
 def test_counted_flops_include_attention():
   cfg = aot.model_config(plan_config.get_config('qwen3_30b_a3b'))
   shapes = plan_config.get_config('qwen3_30b_a3b').shapes.to_dict()

@@ -9,7 +9,9 @@ with `jax.ShapeDtypeStruct`s only (no weights exist anywhere):
   prefill  the sampler's prompt pass, writing the KV cache (with the shape
            `prefill_rows`: continuous batching's, that many rows prefilled
            and written into the `rollout_rows`-row cache)
-  decode   one sampler decode step over the cache
+  decode   one sampler decode step over the cache (`row_index`: each row
+           writes at its own slot, as continuous batching and episode
+           slots decode; else one slot for the batch, a fixed batch's)
   feed     a multi-turn episode's observation fed in place
            (`rl.episode_slots`): every row's block of `APPEND_BUCKET`
            tokens through the model into the cache (one write index a row),
@@ -216,7 +218,10 @@ def _prefill_into(graph, state, cache, tokens, which):
 def _decode(graph, state, cache, tokens):
   model = nnx.merge(graph, state)
   b = tokens.shape[0]
-  pos = jnp.broadcast_to(cache.index, (b, 1)).astype(jnp.int32)
+  # One write index for the batch (a fixed batch), or one a row
+  # (continuous batching, episode slots: each row at its own slot).
+  index = cache.index[:, None] if cache.index.ndim else cache.index
+  pos = jnp.broadcast_to(index, (b, 1)).astype(jnp.int32)
   logits, cache, _ = rollout.forward(
       model, tokens, positions_bt=pos, segment_ids_bt=jnp.ones_like(tokens),
       cache=cache, layouts=rollout.model_decode_weights(model, b))
@@ -253,14 +258,16 @@ def _weight_layout(ctx, shapes) -> str:
 
 def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None,
                       weight_layout='default', layer_arrays=False,
-                      prefill_rows=0):
+                      prefill_rows=0, row_index=False):
   """The sampler's prefill, decode or feed step on its weights as the
   weight sync writes them: in `weight_layout`, and one array a layer
   (`layer_arrays`) where the sync copies them (`rl.sampler_tree`). A feed
   is episode slots': a block of `rollout.APPEND_BUCKET` tokens a row, each
-  row at its own write index. A prefill of
-  `prefill_rows` (fewer than `rows`) is continuous batching's: those rows
-  prefilled, then written into the `rows`-row cache."""
+  row at its own write index. A decode with `row_index` writes each row at
+  its own index too (`rl.sample_slots`' and `rl.episode_slots`' decode),
+  else at one for the batch (fixed batches). A prefill of `prefill_rows`
+  (fewer than `rows`) is continuous batching's: those rows prefilled, then
+  written into the `rows`-row cache."""
   model = train.abstract_model(cfg, model_ctx or ctx)
   graph, state = nnx.split(model)
   state = rl.sampler_tree(
@@ -281,7 +288,8 @@ def _abstract_rollout(cfg, ctx, rows, prompt, length, which, model_ctx=None,
                       'which': (prefill_rows,)}, {})
     return _prefill_into, (graph, state, cache, new['tokens'],
                            new['which']), {}
-  cache = _abstract_cache(cfg, ctx, rows, length)
+  cache = _abstract_cache(cfg, ctx, rows, length,
+                         row_index=row_index and which == 'decode')
   t = prompt if which == 'prefill' else 1
   tokens = _rows(ctx, {'tokens': (rows, t)}, {})['tokens']
   fn = _prefill if which == 'prefill' else _decode
@@ -330,7 +338,8 @@ def _abstract_step(step: str, cfg, ctx, opt, shapes):
   chunk = min(shapes.get('prefill_rows', 0) or rows, rows)
   return _abstract_rollout(cfg, ctx, rows, shapes['prompt_len'],
                            shapes['cache_len'], step, model_ctx,
-                           weight_layout, copied, chunk) + (
+                           weight_layout, copied, chunk,
+                           bool(shapes.get('row_index', 0))) + (
                                chunk * shapes['prompt_len'] if step == 'prefill'
                                else rows * rollout.APPEND_BUCKET
                                if step == 'feed' else rows,)
