@@ -12,8 +12,9 @@ counted), scaled to the recipe's batch:
   chip, `--mesh`), times the micro-batches the recipe's batch needs
   (`--prompts` x `--rollouts` rollouts over the chips);
 - generation: the decode step's compiled time (its rows a chip: the
-  sampler plan's `--variant`, 32 by default; '' for a plan without
-  variants; a 10,240-slot cache) times `--response` tokens, times the
+  sampler plan's `--variant`, by default 64 rows decoding with an index a
+  row, as continuous batching does; '' for a plan without variants; a
+  10,240-slot cache) times `--response` tokens, times the
   rounds of rows the batch needs (every row decoded to the budget: no long
   tail, no continuous batching), plus the learner plan's prefill time for
   every row (its rows a prefill step; a prefill is bound by its FLOPs);
@@ -47,7 +48,7 @@ _LEARNER = flags.DEFINE_string(
     'learner', 'docs/results/plan_2026-12-02_issue29/results.json',
     'Plan results with the grpo and prefill rows.')
 _SAMPLER = flags.DEFINE_string(
-    'sampler', 'docs/results/plan_rows64_2026-12-07/plan/results.json',
+    'sampler', 'docs/results/plan_row_index_2026-12-07/plan/results.json',
     'Plan results with the decode and sync rows (compiled at depth).')
 _MESH = flags.DEFINE_string('mesh', 'v5p-64 (32)', 'The rows\' mesh.')
 _PROMPTS = flags.DEFINE_integer('prompts', 128, 'Prompts a step (recipe).')
@@ -59,7 +60,8 @@ _MIN_L = flags.DEFINE_integer('min_learner_chips', 8,
 _PER_HOST = flags.DEFINE_integer('chips_per_host', 4,
                                  "Chips a host (v5p's 4).")
 _VARIANT = flags.DEFINE_string(
-    'variant', '64 rows', "The sampler plan's variant for the decode and "
+    'variant', '64 rows, an index a row',
+    "The sampler plan's variant for the decode and "
     "sync rows (e.g. '32 rows' with --sampler="
     'docs/results/plan_rollout_rows_2026-12-06/plan/results.json, from '
     'configs/plan.py:qwen3_30b_a3b_rollout_rows).')

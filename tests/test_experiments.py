@@ -228,8 +228,8 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
   assert (v['rounds'], v['prefills'], v['decode_rows']) == (4, 8, 512)
   assert v['generation_s'] == pytest.approx(
       (8 * v['prefill_ms'] + 4 * 8192 * v['decode_ms']) / 1e3)
-  # The default: the plan's 64 rows a chip (2,048 on v5p-64), one round
-  # (docs/results/plan_rows64_2026-12-07).
+  # The default: the plan's 64 rows a chip (2,048 on v5p-64), one round,
+  # decoding with an index a row (docs/results/plan_row_index_2026-12-07).
   assert (p['rounds'], p['prefills'], p['decode_rows']) == (1, 8, 2048)
   with pytest.raises(subprocess.CalledProcessError) as e:
     subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',
