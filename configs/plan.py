@@ -131,8 +131,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (docs/results/plan_rollout_rows_2026-12-06).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
+    # (One write index, as these were compiled before row_index.)
     c.variants = ml_collections.ConfigDict({
-        f'{r} rows': dict(rollout_rows=r) for r in (8, 16, 32, 64)})
+        f'{r} rows': dict(rollout_rows=r, row_index=0)
+        for r in (8, 16, 32, 64)})
   elif arg == 'qwen3_30b_a3b_prefill_rows':
     # Continuous batching's first fill in chunks (rl.prefill_rows): the
     # prefill of 4, 8 or 16 rows a chip into the 32-row cache, and of 8 into
@@ -151,8 +153,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (docs/results/plan_rows64_2026-12-07).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
-    c.variants = ml_collections.ConfigDict({
-        '64 rows': dict(rollout_rows=64, prefill_rows=16)})
+    c.variants = ml_collections.ConfigDict({   # one write index (as run)
+        '64 rows': dict(rollout_rows=64, prefill_rows=16, row_index=0)})
   elif arg == 'qwen3_30b_a3b_feed':
     # Episode slots' in-place observation feed (rl.episode_slots) at the
     # plan's 64 rows a chip: every row's 16-token block through the model
