@@ -265,13 +265,14 @@ def test_plan_decode_reads_the_weight_layout_the_weight_sync_writes():
   # learner's layout has it; on CPU 'auto' keeps the learner's layout.
   from cascade_jax import rl  # pylint: disable=g-import-not-at-top
   from cascade_jax.aot import _plan  # pylint: disable=g-import-not-at-top
+  from cascade_jax.aot import _steps  # pylint: disable=g-import-not-at-top
   c = plan_config.get_config('small')
   cfg = aot.model_config(c)
   ctx = sharding.ShardingCtx(sharding.make_mesh(
       dict(fsdp=2, expert=2), jax.devices()[:4]))
   shapes = dict(_plan.mesh_shapes(c.shapes.to_dict(), 4),
                 sampler_dtype='bfloat16', sampler_layout='inference')
-  assert _plan._weight_layout(ctx, shapes) == 'default'   # CPU's 'auto'
+  assert _steps._weight_layout(ctx, shapes) == 'default'   # CPU's 'auto'
   shapes['sampler_weight_layout'] = 'decode'
 
   def minor(formats):
