@@ -11,14 +11,16 @@ import _run_helpers  # pylint: disable=g-import-not-at-top
 
 _WORKER = os.path.join(os.path.dirname(__file__), '_distributed_worker.py')
 _COLLECT = os.path.join(os.path.dirname(__file__), '_collect_worker.py')
+
+
 def _start_pair(worker, outs):
   """`worker` as processes 0 and 1 of one jax.distributed run on
   127.0.0.1, process i writing outs[i]."""
   port = _run_helpers.free_port()
   return [subprocess.Popen(
       [sys.executable, worker, str(outs[i]), str(i), '2', str(port)],
-      env=_run_helpers.child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-          for i in range(2)]
+      env=_run_helpers.child_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for i in range(2)]
 
 
 def _wait(procs, timeout):
@@ -29,8 +31,9 @@ def _wait(procs, timeout):
 
 def _reference(worker, out, timeout):
   """`worker` alone: one process, one device."""
-  ref = subprocess.run([sys.executable, worker, str(out)], env=_run_helpers.child_env(),
-                       capture_output=True, text=True, timeout=timeout)
+  ref = subprocess.run([sys.executable, worker, str(out)],
+                       env=_run_helpers.child_env(), capture_output=True,
+                       text=True, timeout=timeout)
   assert ref.returncode == 0, ref.stdout + ref.stderr
 
 
