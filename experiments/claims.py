@@ -102,6 +102,26 @@ def verdict_hurts_then_recovers(rule: dict, m: dict) -> str:
   return 'RLHF recovers; IF-RL does not hurt here' if recovered else 'no'
 
 
+def verdict_hurts_then_recovers_in_seeds(rule: dict, m: dict) -> str:
+  """Per seed (m['seeds']: each with 'hurt' and 'recovered', a change and
+  its SE): 'holds' if the hurt is down beyond threshold x SE and the
+  recovery up beyond it, each in rule['in_seeds'] or more seeds; 'partly'
+  naming the part that holds; else 'no'."""
+  seeds, k, t = m['seeds'], rule['in_seeds'], rule['threshold']
+  if len(seeds) < rule['seeds']:
+    return f"open ({len(seeds)} of {rule['seeds']} seeds)"
+  hurt = sum(s['hurt']['change'] < -t * s['hurt']['se'] for s in seeds) >= k
+  back = sum(s['recovered']['change'] > t * s['recovered']['se']
+             for s in seeds) >= k
+  if hurt and back:
+    return 'holds'
+  if hurt or back:
+    return ('partly: ' + ('IF-RL hurts; RLHF not above SFT' if hurt else
+                          'RLHF above SFT; IF-RL does not hurt')
+            + f' in {k} of {len(seeds)} seeds')
+  return 'no'
+
+
 def verdict_best_mean(rule: dict, m: dict) -> str:
   """The setting with the best mean change (of at least two measured)."""
   means = m['means']

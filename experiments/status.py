@@ -175,6 +175,34 @@ def _if_hurts(files):
                     start=pref('sft'), recovered=pref('rlhf'))
 
 
+def _if_hurts_seeds(files):
+  """Per seed's main-job report: IF-RL's preference change from the stage
+  it starts from (SFT) and the main line's RLHF's preference against that
+  SFT's, each with its paired SE over prompts."""
+  seeds = []
+  for f in files:
+    by = {s['name']: s for s in _load(f)['stages']}
+    start = by[by['if_rl']['init_from']]
+    pref = lambda n: by[n]['scores']['preference']
+    a = start['scores']['preference']
+    seeds.append(dict(
+        start=a['pass_rate'], if_rl=pref('if_rl')['pass_rate'],
+        rlhf=pref('rlhf')['pass_rate'],
+        hurt=dict(change=pref('if_rl')['pass_rate'] - a['pass_rate'],
+                  se=_se_change(a, pref('if_rl'))),
+        recovered=dict(change=pref('rlhf')['pass_rate'] - a['pass_rate'],
+                       se=_se_change(a, pref('rlhf')))))
+  beyond = lambda k, sign: sum(sign * s[k]['change'] > 2 * s[k]['se']
+                               for s in seeds)
+  text = (f'{len(seeds)} seeds of the main job, preference pass@1 SFT -> '
+          'IF-RL / RLHF: ' + ', '.join(
+              f"{s['start']:.3f} -> {s['if_rl']:.3f} / {s['rlhf']:.3f}"
+              for s in seeds)
+          + f"; IF-RL down beyond 2 paired SE in {beyond('hurt', -1)}, "
+          f"RLHF above SFT beyond 2 paired SE in {beyond('recovered', 1)}")
+  return text, dict(seeds=seeds)
+
+
 def _kl(files):
   by = _rlhf_runs(files)
   parts, means = [], {}
@@ -451,7 +479,8 @@ def _mopd_gap(files):
 
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
     main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
-    rlhf_reward=_rlhf_reward, if_hurts=_if_hurts, kl=_kl,
+    rlhf_reward=_rlhf_reward, if_hurts=_if_hurts,
+    if_hurts_seeds=_if_hurts_seeds, kl=_kl,
     forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
     lc_mix=_lc_mix, stage_order=_stage_order,
     kl_main=_kl_main, mopd_gap=_mopd_gap, settings=_settings,

@@ -87,6 +87,21 @@ def test_verdict_hurts_then_recovers():
       changes=hurt, start=0.39, recovered=0.30)) == 'no'
 
 
+def test_verdict_hurts_then_recovers_in_seeds():
+  rule = dict(threshold=2.0, seeds=3, in_seeds=2)
+  s = lambda hurt, back: dict(hurt=_c(hurt), recovered=_c(back))
+  v = lambda *seeds: claims.verdict_hurts_then_recovers_in_seeds(
+      rule, dict(seeds=list(seeds)))
+  assert v(s(-0.07, 0.2), s(-0.05, 0.1), s(0.0, 0.0)) == 'holds'
+  # -0.02 is exactly 2 SE: not beyond; one seed of three is not two.
+  assert v(s(-0.07, 0.2), s(-0.02, 0.1), s(0.0, 0.1)) == \
+      'partly: RLHF above SFT; IF-RL does not hurt in 2 of 3 seeds'
+  assert v(s(-0.07, 0.0), s(-0.05, 0.1), s(0.0, 0.0)) == \
+      'partly: IF-RL hurts; RLHF not above SFT in 2 of 3 seeds'
+  assert v(s(0.0, 0.0), s(-0.05, 0.0), s(0.1, 0.1)) == 'no'
+  assert v(s(-0.07, 0.2), s(-0.05, 0.1)) == 'open (2 of 3 seeds)'
+
+
 def test_verdict_best_mean():
   rule = dict(name='KL')
   assert claims.verdict_best_mean(rule, dict(means={'0.03': 0.28, '0.1': 0.25})
@@ -274,11 +289,11 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
   # why).
   registered = [c for c in rules if 8 <= int(c.split('_')[0]) and
                 c != '13_rlhf_kl_main']
-  assert len(registered) == 25
+  assert len(registered) == 28
   for cid in registered:
     assert 'post_hoc' not in rules[cid], cid
   # In the order of their numbers (9 before 10).
-  assert list(rules)[-25:] == ['9_if_rl_reward', '10_mopd_recovers',
+  assert list(rules)[-28:] == ['9_if_rl_reward', '10_mopd_recovers',
                                '11_long_context_mix', '12_stage_order',
                                '13_rlhf_kl_main', '14_mopd_gap',
                                '15_own_domain_hybrid', '16_forgetting_hybrid',
@@ -291,7 +306,8 @@ def test_the_repositorys_rules_load_and_name_known_verdicts():
                                '29_stage_order_hybrid',
                                '30_rlhf_kl_main_hybrid',
                                '31_settings_hybrid', '32_mopd_hybrid',
-                               '33_sft_pref_hybrid']
+                               '33_sft_pref_hybrid', '34_own_domain_seeds',
+                               '35_if_hurts_seeds', '36_forgetting_seeds']
 
 
 # ----------------------------------------------------------- history
@@ -636,4 +652,32 @@ def test_the_own_domain_measure_counts_seeds_per_stage(tmp_path):
   # if_rl lifts IF 0.2 -> 0.4 in every seed (40 prompts: 8 flip).
   assert list(m['pairs']) == ['if_rl IF'] and len(m['pairs']['if_rl IF']) == 3
   assert 'if_rl IF +0.200 (3)' in text, text
+  assert claims.verdict(rule, m) == 'holds'
+
+
+def test_the_if_hurts_measure_reads_each_seeds_main_job(tmp_path):
+  from experiments import status  # pylint: disable=g-import-not-at-top
+  rule = claims.load_rules()['35_if_hurts_seeds']
+  files = []
+  for i, (if_rl, rlhf) in enumerate(((0.2, 0.7), (0.3, 0.6), (0.5, 0.5))):
+    pref = lambda r: _scores(dict(preference=r))
+    stages = [dict(name='sft', kind='sft', init_from='', scores=pref(0.5)),
+              dict(name='if_rl', kind='grpo', init_from='sft',
+                   scores=pref(if_rl)),
+              dict(name='mopd', kind='mopd', init_from='if_rl',
+                   scores=pref(0.5)),
+              dict(name='rlhf', kind='grpo', init_from='mopd',
+                   scores=pref(rlhf))]
+    path = tmp_path / f'seed{i}' / 'report.json'
+    path.parent.mkdir()
+    path.write_text(json.dumps(dict(stages=stages)))
+    files.append(str(path))
+  text, m = status.MEASURES['if_hurts_seeds'](files)
+  # IF-RL from SFT's 0.5 (its init_from), RLHF against that SFT.
+  assert [s['hurt']['change'] for s in m['seeds']] == pytest.approx(
+      [-0.3, -0.2, 0.0])
+  assert [s['recovered']['change'] for s in m['seeds']] == pytest.approx(
+      [0.2, 0.1, 0.0])
+  assert '0.500 -> 0.200 / 0.700' in text and 'down beyond 2 paired SE ' \
+      'in 2, RLHF above SFT beyond 2 paired SE in 2' in text, text
   assert claims.verdict(rule, m) == 'holds'
