@@ -116,9 +116,9 @@ def verdict_hurts_then_recovers_in_seeds(rule: dict, m: dict) -> str:
   if hurt and back:
     return 'holds'
   if hurt or back:
-    return ('partly: ' + ('IF-RL hurts; RLHF not above SFT' if hurt else
-                          'RLHF above SFT; IF-RL does not hurt')
-            + f' in {k} of {len(seeds)} seeds')
+    part = f'in {k}+ of {len(seeds)} seeds'
+    return ('partly: ' + (f'IF-RL hurts {part}; RLHF not above SFT' if hurt
+                          else f'RLHF above SFT {part}; IF-RL does not hurt'))
   return 'no'
 
 

@@ -95,9 +95,9 @@ def test_verdict_hurts_then_recovers_in_seeds():
   assert v(s(-0.07, 0.2), s(-0.05, 0.1), s(0.0, 0.0)) == 'holds'
   # -0.02 is exactly 2 SE: not beyond; one seed of three is not two.
   assert v(s(-0.07, 0.2), s(-0.02, 0.1), s(0.0, 0.1)) == \
-      'partly: RLHF above SFT; IF-RL does not hurt in 2 of 3 seeds'
+      'partly: RLHF above SFT in 2+ of 3 seeds; IF-RL does not hurt'
   assert v(s(-0.07, 0.0), s(-0.05, 0.1), s(0.0, 0.0)) == \
-      'partly: IF-RL hurts; RLHF not above SFT in 2 of 3 seeds'
+      'partly: IF-RL hurts in 2+ of 3 seeds; RLHF not above SFT'
   assert v(s(0.0, 0.0), s(-0.05, 0.0), s(0.1, 0.1)) == 'no'
   assert v(s(-0.07, 0.2), s(-0.05, 0.1)) == 'open (2 of 3 seeds)'
 
