@@ -65,14 +65,15 @@ def _reference(dispatch):
 
 
 def _dispatch_meshes():
-  # By default: the main job's dispatch (capacity) on every mesh, dropless
-  # on the expert mesh; CI runs every pair (dense, the reference,
-  # everywhere).
+  # By default: the main job's dispatch (capacity) on every mesh; CI runs
+  # every pair (dense, the reference, everywhere; dropless on the expert
+  # mesh, whose fallback runs by default in
+  # test_sharded_dropless_falls_back_to_dense_together).
   # (ragged's exchange on the expert mesh by default:
   # test_ragged_all_to_all_dispatch_equals_single_device.)
   for d in ('dense', 'ragged', 'capacity', 'dropless'):
     for m in sorted(MESHES):
-      default = d == 'capacity' or (d == 'dropless' and m == 'data2_expert4')
+      default = d == 'capacity'
       yield pytest.param(m, d, id=f'{d}-{m}',
                          marks=() if default else pytest.mark.slow)
 
@@ -175,8 +176,9 @@ def test_receive_buffer_does_not_grow_with_the_expert_axis():
     assert ep * -(-1000 // c) * 8 <= rows
 
 
-@pytest.mark.parametrize('mesh_name', ['data2_expert4',
-                                       'fsdp2_expert2_tensor2'])
+@pytest.mark.parametrize('mesh_name', [  # data2_expert4: CI
+    pytest.param('data2_expert4', marks=pytest.mark.slow),
+    'fsdp2_expert2_tensor2'])
 def test_sharded_dropless_falls_back_to_dense_together(mesh_name):
   # One slot per expert: every expert overflows on some shard, so the
   # layer runs dense, on every shard of the all_to_all group at once (a
@@ -360,7 +362,11 @@ def test_weight_sync_to_the_inference_layout_gathers_no_weight(dtype):
 
 
 
-@pytest.mark.parametrize('mesh', [None, dict(fsdp=2, expert=4)])
+# The main job's (no mesh) by default; on a mesh in CI (the inference
+# layout's sync on a mesh, by default:
+# test_weight_sync_to_the_inference_layout_gathers_no_weight).
+@pytest.mark.parametrize('mesh', [None, pytest.param(
+    dict(fsdp=2, expert=4), marks=pytest.mark.slow)])
 def test_weight_sync_decode_weight_layout_samples_what_the_default_samples(mesh):
   # rl.sampler_weight_layout='decode' (TPU's 'auto'): the weight sync writes
   # the attention's input projections with the embed axis minor, every
