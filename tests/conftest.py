@@ -61,8 +61,11 @@ def pytest_collection_modifyitems(config, items):
   test_scale's cascades and plans (marked xdist_group 'heavy', about 1,700 s
   in all) were collected late and started when the other worker had little
   left. (The mark does not group them on one worker here: pytest-xdist 3.8
-  with pytest 9 sends each test on its own, checked on a file of 4 tests;
-  tests that must share a fixture are one test.) Now they start first, then
+  marks a group in the node's `_nodeid`, which pytest 9.2 no longer reads,
+  so each test is sent on its own (pytest-dev/pytest-xdist#1386; checked
+  on a file of 4 tests, grouped under pytest 9.1.1); tests that must share
+  a fixture are one test. Sending each file whole instead, `--dist
+  loadfile`, was no faster: docs/results/test_suite_2026-12-07b.) Now they start first, then
   the files of full cascades, then the rest, each in collected order (a
   stable sort).
   """
