@@ -182,16 +182,13 @@ def _if_hurts_seeds(files):
   seeds = []
   for f in files:
     by = {s['name']: s for s in _load(f)['stages']}
-    start = by[by['if_rl']['init_from']]
     pref = lambda n: by[n]['scores']['preference']
-    a = start['scores']['preference']
-    seeds.append(dict(
-        start=a['pass_rate'], if_rl=pref('if_rl')['pass_rate'],
-        rlhf=pref('rlhf')['pass_rate'],
-        hurt=dict(change=pref('if_rl')['pass_rate'] - a['pass_rate'],
-                  se=_se_change(a, pref('if_rl'))),
-        recovered=dict(change=pref('rlhf')['pass_rate'] - a['pass_rate'],
-                       se=_se_change(a, pref('rlhf')))))
+    a, if_rl, rlhf = pref(by['if_rl']['init_from']), pref('if_rl'), pref('rlhf')
+    change = lambda b: dict(change=b['pass_rate'] - a['pass_rate'],
+                            se=_se_change(a, b))
+    seeds.append(dict(start=a['pass_rate'], if_rl=if_rl['pass_rate'],
+                      rlhf=rlhf['pass_rate'], hurt=change(if_rl),
+                      recovered=change(rlhf)))
   beyond = lambda k, sign: sum(sign * s[k]['change'] > 2 * s[k]['se']
                                for s in seeds)
   text = (f'{len(seeds)} seeds of the main job, preference pass@1 SFT -> '
