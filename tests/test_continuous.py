@@ -198,12 +198,12 @@ def test_continuous_decode_on_a_mesh_keeps_each_rows_cache_on_its_device(
   graph, state = nnx.split(sm)
   b, k, p, n, r = 16, 8, 8, NEW, 21
   per_device = b // sm.ctx.shards('batch')
-  rows = _continuous._new_rows(sm.ctx, cfg, b, p, n, False, 0)  # pylint: disable=protected-access
+  rows = _continuous._new_rows(sm.ctx, cfg, b, p, n, False, 0)
   slots = rows.cache.max_len
   assert all(x.sharding.shard_shape(x.shape)[0] == per_device
              for x in jax.tree.leaves(rows) if x.size > 1), rows
   sc = rollout.SampleConfig(max_new_tokens=n, temperature=1.0)
-  layouts = _continuous._layouts(graph, state, b)  # pylint: disable=protected-access
+  layouts = _continuous.decode_layouts(graph, state, b)
 
   def moved(compiled):
     """The shapes every collective of a compiled program moves."""
@@ -211,7 +211,7 @@ def test_continuous_decode_on_a_mesh_keeps_each_rows_cache_on_its_device(
         r'= \w+\[([\d,]*)\][^ ]* (?:all-gather|all-to-all|collective-permute'
         r'|all-reduce|reduce-scatter)', compiled.as_text())]
 
-  step = _continuous._decode_until.lower(  # pylint: disable=protected-access
+  step = _continuous._decode_until.lower(
       graph, state, layouts, rows, jnp.asarray(1), cfg=sc,
       stop_ids=STOP).compile()
   shapes = moved(step)
@@ -219,12 +219,12 @@ def test_continuous_decode_on_a_mesh_keeps_each_rows_cache_on_its_device(
   for x, y in zip(jax.tree.leaves(rows.cache),
                   jax.tree.leaves(step.output_shardings[0].cache)):
     assert y.shard_shape(x.shape)[0] == per_device, y
-  out = _continuous._Out(  # pylint: disable=protected-access
+  out = _continuous._Out(
       toks=jnp.zeros((r, n), jnp.int32), lps=jnp.zeros((r, n)),
       kept=jnp.zeros((r, n), jnp.int32),
       experts=jnp.zeros((r, p + n, 0, 0), jnp.int32))
   rows_k = jnp.arange(k, dtype=jnp.int32)
-  insert = _continuous._insert.lower(  # pylint: disable=protected-access
+  insert = _continuous._insert.lower(
       graph, state, layouts, rows, out, jnp.zeros((r, p), jnp.int32),
       jnp.ones((r,), jnp.int32), jax.random.split(jax.random.key(0), r),
       rows_k, 2 * rows_k, rows_k, cfg=sc, stop_ids=STOP, pad_id=0,

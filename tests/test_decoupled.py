@@ -268,7 +268,7 @@ def test_decoupled_weight_sync_shards_cut_the_samplers_blocks():
   sampler = Mesh(devs[4:].reshape(2, 2), ('data', 'expert'))
   want = np.arange(48, dtype=np.float32).reshape(4, 12)
   x = jax.device_put(want, NamedSharding(learner, P('expert', None)))
-  sent = _process.Shards.local(x)
+  sent = rl.Shards.local(x)
   assert sorted(sent.blocks) == [((0, 2), (0, 12)), ((2, 4), (0, 12))]
   for spec, mesh in [(P('expert', None), sampler),       # a mirror
                      (P(None, ('data', 'expert')), sampler),
@@ -277,7 +277,7 @@ def test_decoupled_weight_sync_shards_cut_the_samplers_blocks():
     assert got.sharding.mesh == mesh
     np.testing.assert_array_equal(np.asarray(got), want)
   # A host whose learner devices hold rows 0-1 only (another host 2-3).
-  part = _process.Shards(sent.shape, sent.dtype, {
+  part = rl.Shards(sent.shape, sent.dtype, {
       k: v for k, v in sent.blocks.items() if k[0] == (0, 2)})
   np.testing.assert_array_equal(part.block(((0, 1), (3, 9))), want[:1, 3:9])
   with pytest.raises(ValueError, match=(
@@ -488,11 +488,11 @@ def test_decoupled_thread_on_devices_of_its_own_follows_the_schedule(
 
 def test_decoupled_sampler_thread_failure_names_its_cause(sft_dir, tmp_path,
                                                           monkeypatch):
-  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+  from cascade_jax.rl import _sampler_side  # pylint: disable=g-import-not-at-top
 
   def broken(*args, **kwargs):
     raise ValueError('a reward server that is down')
-  monkeypatch.setattr(_stage, 'collect', broken)
+  monkeypatch.setattr(_sampler_side, 'collect', broken)
   c = rl_config.get_config('quick')
   c.init_from, c.steps, c.eval_n = sft_dir, 2, 0
   c.rl.rollout_worker, c.rl.max_staleness = 'thread', 1

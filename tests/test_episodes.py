@@ -187,7 +187,7 @@ def test_hybrid_models_step_their_mamba_states_over_the_empty_slots(setup):
 def test_an_observation_that_cannot_be_cut_to_fit_is_named(monkeypatch):
   """Short contents cannot be cut ('... [cut]' outgrows them): an error
   naming the limit, not a loop (it looped on contents of 9-24 characters)."""
-  from cascade_jax.rollout import _episodes  # pylint: disable=g-import-not-at-top
+  from cascade_jax.rollout import _episode  # pylint: disable=g-import-not-at-top
   calls = []
 
   def encode(tok, messages):
@@ -196,12 +196,12 @@ def test_an_observation_that_cannot_be_cut_to_fit_is_named(monkeypatch):
       raise AssertionError('the cut does not end')
     return list(range(10 + sum(len(m['content']) for m in messages)))
 
-  monkeypatch.setattr(_episodes.data, 'encode_observation', encode)
+  monkeypatch.setattr(_episode.data, 'encode_observation', encode)
   for n in (5, 12, 20, 40):
     calls.clear()
     with pytest.raises(ValueError, match='max_observation_tokens=8 is too '
                        'small'):
-      _episodes._fit_observation(None, [{'role': 'tool', 'content': 'x' * n}],
+      _episode.fit_observation(None, [{'role': 'tool', 'content': 'x' * n}],
                                  8)
 
 

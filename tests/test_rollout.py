@@ -176,13 +176,13 @@ def test_token_choice_is_argmax_and_categorical_exactly():
   logits = jax.random.normal(jax.random.key(1), (16, 50))
   logp = jax.nn.log_softmax(logits)
   for seed in range(5):
-    tok, lp, kept = _sampler._select(logits, jax.random.key(seed), cfg)
+    tok, lp, kept = _sampler.select_tokens(logits, jax.random.key(seed), cfg)
     np.testing.assert_array_equal(
         tok, jax.random.categorical(jax.random.key(seed), logp))
     np.testing.assert_allclose(lp, logp[jnp.arange(16), tok], rtol=1e-6)
     np.testing.assert_array_equal(kept, 50)       # no top-k / top-p: all
   # Top-k 5: five kept at every row, and the draw is among them.
-  tok, _, kept = _sampler._select(logits, jax.random.key(0),
+  tok, _, kept = _sampler.select_tokens(logits, jax.random.key(0),
                                   rollout.SampleConfig(top_k=5))
   np.testing.assert_array_equal(kept, 5)
   assert all(int(t) in np.argsort(-np.asarray(row))[:5]

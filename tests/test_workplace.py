@@ -266,13 +266,13 @@ def test_a_workplace_episode_acts_on_its_own_tables_and_is_judged_by_them():
 
 
 def test_an_rl_stage_gives_the_row_files_to_every_nemo_gym_domain():
-  from cascade_jax.rl import _stage  # pylint: disable=g-import-not-at-top
+  from cascade_jax import rl  # pylint: disable=g-import-not-at-top
   data = dict(domain='nemo_gym_workplace', files='a.jsonl', eval_files='',
               n_train=8, per_domain={'nemo_gym_workplace': dict(
                   workplace_db=DB)})
-  assert _stage.domain_options(data, 'nemo_gym_workplace') == dict(
+  assert rl.domain_options(data, 'nemo_gym_workplace') == dict(
       files='a.jsonl', eval_files='', workplace_db=DB)
-  assert 'files' not in _stage.domain_options(data, 'math')
+  assert 'files' not in rl.domain_options(data, 'math')
 
 
 @pytest.mark.slow  # ~10 s, not the default (the main job reads no NeMo-Gym rows): CI runs it

@@ -9,13 +9,13 @@ from cascade_jax.data._chat_rows import load_chat_rows
 from cascade_jax.data._chat import encode_example
 from cascade_jax.data._chat import encode_observation
 from cascade_jax.data._chat import encode_prompt
+from cascade_jax.data._chat import encode_record
 from cascade_jax.data._chat import render_observation
 from cascade_jax.data._chat import render_prompt
 from cascade_jax.data._hf_tokenizer import HFTokenizer
 from cascade_jax.data._hf_tokenizer import load_hf_tokenizer
 from cascade_jax.data._hf_tokenizer import TemplateError
 from cascade_jax.data._pipeline import build_dataset
-from cascade_jax.data._pipeline import encode_record
 from cascade_jax.data._pipeline import packing_efficiency
 from cascade_jax.data._pipeline import source_records
 from cascade_jax.data._pipeline import SourceReport

@@ -27,6 +27,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cascade_jax.data import _chat
+from cascade_jax.data import _chat_rows
+
 FORMAT = 'cascade_jax.sft_examples.v1'
 _FIELDS = ('inputs', 'targets', 'mask')
 
@@ -70,8 +73,6 @@ def convert_chat_rows(tok, files: Sequence[str], out: str, *, seq_len: int,
   returns (and writes to `out`.json) its description. Rows skipped under
   `too_long` / `empty` / `on_error` = 'skip' are counted per file."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  from cascade_jax.data import _chat_rows  # pylint: disable=g-import-not-at-top
-  from cascade_jax.data import _pipeline  # pylint: disable=g-import-not-at-top
   if not files:
     raise ValueError('convert_chat_rows: no input files')
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -86,7 +87,7 @@ def convert_chat_rows(tok, files: Sequence[str], out: str, *, seq_len: int,
       for rec in _chat_rows.iter_chat_rows(path, on_error=on_error,
                                            skipped=bad):
         rep['rows'] += 1
-        ex = _pipeline.encode_record(tok, rec, loss_on=loss_on)
+        ex = _chat.encode_record(tok, rec, loss_on=loss_on)
         why = ('empty' if ex is None else
                'too_long' if len(ex['inputs']) > seq_len else '')
         if why:

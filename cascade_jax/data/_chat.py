@@ -162,3 +162,14 @@ def encode_example(tok: Tokenizer, messages: Sequence[dict], response: str,
   if loss_on == 'all':
     mask[:] = 1
   return dict(inputs=ids[:-1], targets=ids[1:], mask=mask[1:])
+
+
+def encode_record(tok: Tokenizer, rec: dict, *, loss_on: str):
+  """A record's tokenised example (a multi-turn demonstration, or one
+  reply), or None when it has no response."""
+  turns, resp = rec.get('turns'), rec.get('response')
+  if turns:
+    return encode_conversation(tok, rec['messages'], turns, loss_on=loss_on)
+  if resp is None or not resp.strip():
+    return None
+  return encode_example(tok, rec['messages'], resp, loss_on=loss_on)

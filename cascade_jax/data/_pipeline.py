@@ -27,8 +27,7 @@ import numpy as np
 
 from cascade_jax import domains
 from cascade_jax.data import _array_record
-from cascade_jax.data._chat import encode_conversation
-from cascade_jax.data._chat import encode_example
+from cascade_jax.data._chat import encode_record
 from cascade_jax.data._chat_rows import load_chat_rows
 from cascade_jax.data._tokenizer import Tokenizer
 
@@ -111,17 +110,6 @@ def tokenize_records(tok: Tokenizer, name: str, records, *, seq_len: int,
   if not out:
     raise ValueError(f'data source {name!r} has no usable examples')
   return out, report
-
-
-def encode_record(tok: Tokenizer, rec: dict, *, loss_on: str):
-  """A record's tokenised example (a multi-turn demonstration, or one
-  reply), or None when it has no response."""
-  turns, resp = rec.get('turns'), rec.get('response')
-  if turns:
-    return encode_conversation(tok, rec['messages'], turns, loss_on=loss_on)
-  if resp is None or not resp.strip():
-    return None
-  return encode_example(tok, rec['messages'], resp, loss_on=loss_on)
 
 
 def build_dataset(tok: Tokenizer, sources: Mapping[str, Mapping], *,

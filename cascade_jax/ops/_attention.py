@@ -181,7 +181,7 @@ def _splash_blocks(q, k, v, q_seg, k_seg, scale):
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
-def _tokamax_available() -> bool | str:
+def tokamax_available() -> bool | str:
   try:
     import tokamax  # noqa: F401  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -204,7 +204,7 @@ def _attention_candidates(q, k, packed_causal: bool):
       f'needs a TPU (backend {backend})')
   if splash is True and not packed_causal:
     splash = 'splash takes segment ids and a causal mask, not a general mask'
-  tok = _tokamax_available()
+  tok = tokamax_available()
   if backend not in ('gpu', 'tpu'):  # tokamax runs XLA here: only if forced
     return [('xla', True), ('cudnn', cudnn), ('splash', splash),
             ('tokamax', tok)]

@@ -115,7 +115,7 @@ def grouped_matmul(lhs_mk: jax.Array, rhs_gkn: jax.Array,
   """
   backend = _registry.backend()
   accelerator, gpu = backend in ('gpu', 'tpu'), backend == 'gpu'
-  tok = _attention._tokamax_available()  # pylint: disable=protected-access
+  tok = _attention.tokamax_available()
   m = lhs_mk.shape[0]
   if tok is True and gpu and not _zero_initializes():
     tok = ('this tokamax has no ragged_dot(zero_initialize=): its kernels '

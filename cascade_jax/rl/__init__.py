@@ -36,8 +36,8 @@ from cascade_jax.rl._learner import teacher_rows
 from cascade_jax.rl._learner import update
 from cascade_jax.rl._process import ProcessRollouts
 from cascade_jax.rl._process import sampler_cluster
-from cascade_jax.rl._process import Shards
-from cascade_jax.rl._stage import domain_options
+from cascade_jax.rl._sampler_side import domain_options
+from cascade_jax.rl._shards import Shards
 from cascade_jax.rl._stage import run
 from cascade_jax.rl._sync import copies as sync_copies
 from cascade_jax.rl._sync import embed_minor

@@ -26,7 +26,7 @@ one and resumes exactly.
   collection (sample, score, filter, refill) in a sampler process of its
   own, which generates step t + 1 .. t + k's rollouts while the learner
   updates on step t, on one host or one a host; it shares this module's
-  schedule, queue (`_Ahead`) and worker loop (`sample_ahead`).
+  schedule, queue (`Ahead`) and worker loop (`sample_ahead`).
 
 Every batch records the version it was sampled with; a batch older than
 the bound (a checkpoint's queued rollouts resumed under a smaller
@@ -278,7 +278,7 @@ def sample_ahead(collect: Collect, stream, model_of, *, first: int,
                                  wall_s=time.perf_counter() - t0)))
 
 
-class _Ahead(abc.ABC):
+class Ahead(abc.ABC):
   """A sampler worker `max_staleness` steps ahead of the learner: the
   batches it sends, read in step order."""
 
@@ -349,7 +349,7 @@ class _Ahead(abc.ABC):
 # ------------------------------------------------------------------ thread
 
 
-class ThreadRollouts(_Ahead):
+class ThreadRollouts(Ahead):
   """Collection in a sampler thread of the learner's process,
   `max_staleness` steps ahead.
 
@@ -361,7 +361,7 @@ class ThreadRollouts(_Ahead):
 
   Args:
     collect: (sampler model, step) -> (batch, stats), built for the
-      sampler's devices (`_stage.sampler_side`).
+      sampler's devices (`_sampler_side.sampler_side`).
     stream: the sampler's prompt stream (each batch records its position).
     sampler: the stage's `SamplerWeights`.
     max_staleness: k.

@@ -20,12 +20,12 @@ from cascade_jax.rollout._sampler import Rollout
 from cascade_jax.rollout._sampler import SampleConfig
 from cascade_jax.rollout._sampler import trace_count
 from cascade_jax.rollout._sampler import truncates
-from cascade_jax.rollout._episodes import ENDS
-from cascade_jax.rollout._episodes import Episode
-from cascade_jax.rollout._episodes import EpisodeConfig
-from cascade_jax.rollout._episodes import make_env
+from cascade_jax.rollout._episode import ENDS
+from cascade_jax.rollout._episode import Episode
+from cascade_jax.rollout._episode import EpisodeConfig
+from cascade_jax.rollout._episode import make_env
+from cascade_jax.rollout._episode import turn_keys
 from cascade_jax.rollout._episodes import run_episodes
-from cascade_jax.rollout._episodes import turn_keys
 from cascade_jax.rollout._turns import APPEND_BUCKET
 from cascade_jax.rollout._turns import Conversation
 from cascade_jax.rollout._turns import feed_fn

@@ -79,7 +79,7 @@ def _moe_shape(cfg: model_lib.ModelConfig, record: bool) -> tuple[int, int]:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
-def _layouts(graph, state, b):
+def decode_layouts(graph, state, b):
   return _decode.model_decode_weights(nnx.merge(graph, state), b)
 
 
@@ -143,7 +143,7 @@ def _insert(graph, state, layouts, rows: _Rows, out: _Out, prompts_rp, lens_r,
   fresh = model_lib.init_cache(model.cfg, k, rows.cache.max_len)
   logits, fresh, prompt_experts = _sampler.prefill(model, prompts_kp, lens_k,
                                                    fresh, layouts)
-  tok, lp, n_kept = _sampler._select(logits[:, -1],  # pylint: disable=protected-access
+  tok, lp, n_kept = _sampler.select_tokens(logits[:, -1],
                                      _sampler.row_keys(keys_k, 0), cfg)
   experts = jnp.zeros((k, p + n) + rows.experts.shape[2:], jnp.int32)
   if rows.experts.shape[-1]:
@@ -200,7 +200,7 @@ def _decode_until(graph, state, layouts, rows: _Rows, wanted, *, cfg,
     if record:
       at = jnp.where(live, p + r.t - 1, p + n)            # p + n: dropped
       experts = experts.at[bi, at].set(step_experts[:, 0], mode='drop')
-    tok, lp, n_kept = _sampler._select(logits[:, -1],  # pylint: disable=protected-access
+    tok, lp, n_kept = _sampler.select_tokens(logits[:, -1],
                                        _sampler.row_keys(r.keys, r.t), cfg)
     at = jnp.where(live, r.t, n)                           # n: dropped
     t = r.t + live
@@ -218,7 +218,7 @@ def _decode_until(graph, state, layouts, rows: _Rows, wanted, *, cfg,
   return jax.lax.while_loop(cond, body, (rows, jnp.zeros((), jnp.int32)))
 
 
-def _bucket(k: int, b: int, shards: int = 1) -> int:
+def insert_bucket(k: int, b: int, shards: int = 1) -> int:
   """The insert batch for k prompts: the next power of two, rounded up to a
   multiple of `shards` (the devices the batch is split over: fewer rows
   than that would prefill on every device), at most b."""
@@ -288,7 +288,7 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   graph, state = nnx.split(model)
   b, n = slots, cfg.max_new_tokens
   mcfg = model.cfg
-  layouts = _layouts(graph, state, b)
+  layouts = decode_layouts(graph, state, b)
   # The rows one prefill takes: a multiple of the batch devices, at most b.
   cap = min(b, -(-prefill_rows // shards) * shards) if prefill_rows else b
   rows = _new_rows(ctx, mcfg, b, p, n, record_experts, pad_id)
@@ -304,7 +304,7 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
   while True:
     while waiting and done.any():     # `cap` rows a prefill
       free = np.flatnonzero(done)[:min(len(waiting), cap)]
-      k = _bucket(len(free), cap, shards)
+      k = insert_bucket(len(free), cap, shards)
       idx = np.asarray([waiting.popleft() for _ in free])
       pad = k - len(free)
       which = np.concatenate([free, np.full((pad,), b)]).astype(np.int32)

@@ -46,7 +46,7 @@ from cascade_jax import ops
 from cascade_jax import sharding
 from cascade_jax.rollout import _continuous
 from cascade_jax.rollout import _decode
-from cascade_jax.rollout import _episodes
+from cascade_jax.rollout import _episode
 from cascade_jax.rollout import _sampler
 from cascade_jax.rollout import _turns
 
@@ -163,7 +163,7 @@ def _decode_turns(graph, state, layouts, rows: _Rows, wanted, *, cfg,
       experts = experts.at[bi, at].set(step_experts[:, 0], mode='drop')
     logits = jnp.where(feed[:, None], step_logits[:, -1].astype(jnp.float32),
                        r.logits)
-    tok, lp, n_kept = _sampler._select(logits, _sampler.row_keys(r.keys, r.t),  # pylint: disable=protected-access
+    tok, lp, n_kept = _sampler.select_tokens(logits, _sampler.row_keys(r.keys, r.t),
                                        cfg)
     at = jnp.where(r.live, r.t, n)                         # n: dropped
     t = r.t + r.live
@@ -198,14 +198,14 @@ class _Engine:
     n_moe = mcfg.pattern.count(model_lib.MOE)
     moe = (n_moe, mcfg.moe.top_k) if record_experts and n_moe else (0, 0)
     self.record = bool(moe[0])
-    self.layouts = _continuous._layouts(self.graph, self.state, b)  # pylint: disable=protected-access
+    self.layouts = _continuous.decode_layouts(self.graph, self.state, b)
     self.rows = _empty(self.ctx, mcfg, b, slots, sample.max_new_tokens, moe,
                        pad_id)
 
   def _block(self, blocks: list, w: int, starts: list[int]):
     """Left-padded [k, w] tokens, validity and positions (k: the bucket of
     len(blocks); padding rows empty)."""
-    k = _continuous._bucket(len(blocks), self.cap, self.shards)  # pylint: disable=protected-access
+    k = _continuous.insert_bucket(len(blocks), self.cap, self.shards)
     self.max_rows = max(self.max_rows, k)
     toks = np.full((k, w), self.pad_id, np.int32)
     valid = np.zeros((k, w), bool)
@@ -233,7 +233,7 @@ class _Engine:
     toks, valid, pos = self._block(prompts, w, [0] * len(prompts))
     k = toks.shape[0]
     cache = model_lib.init_cache(self.model.cfg, k, self.slots)
-    logits, cache, experts = _turns._feed(  # pylint: disable=protected-access
+    logits, cache, experts = _turns.feed_block(
         self.graph, self.state, jnp.asarray(toks), jnp.asarray(valid),
         jnp.asarray(pos), cache,
         jnp.zeros((k, self.model.cfg.vocab_size), jnp.float32))
@@ -330,7 +330,7 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
       idx = [waiting.popleft() for _ in free]
       episode[free] = idx
       exps = engine.place(free, [eps[i].tokens for i in idx],
-                          _episodes.turn_keys(keys[np.asarray(idx)], 0))
+                          _episode.turn_keys(keys[np.asarray(idx)], 0))
       places += 1
       if exps is not None:
         for j, i in enumerate(idx):
@@ -356,16 +356,16 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
       stopped[row] = bool(stops[:t[row]].any())
       length = int(np.argmax(stops)) + 1 if stopped[row] else int(t[row])
       row_steps += length
-      texts[row] = _episodes._take_reply(  # pylint: disable=protected-access
+      texts[row] = _episode.take_reply(
           eps[episode[row]], tok, toks[row], lps[row], kept[row],
           None if experts is None else experts[row], length)
-    answers = _episodes._step_envs(  # pylint: disable=protected-access
+    answers = _episode.step_envs(
         pool, {row: envs[episode[row]] for row in ended},
         {row: texts[row] for row in ended if stopped[row]}, timing)
     blocks = {}
     for row in ended:
       e = eps[episode[row]]
-      fed = _episodes._after_step(e, tok, cfg, stopped[row], answers.get(row))  # pylint: disable=protected-access
+      fed = _episode.after_step(e, tok, cfg, stopped[row], answers.get(row))
       if fed is None:
         episode[row] = -1
       else:
@@ -373,11 +373,11 @@ def play(model, tok, eps, envs, keys: jax.Array, *, cfg, sample, slots: int,
     if blocks:    # fed in place: no row's cache is copied, any count
       which = np.asarray(list(blocks))
       turns = jnp.asarray([eps[episode[row]].turns for row in which])
-      exps = engine.feed(which, list(blocks.values()), _episodes.turn_keys(
+      exps = engine.feed(which, list(blocks.values()), _episode.turn_keys(
           keys[np.asarray(episode[which])], turns))
       if exps is not None:
         for j, (row, fed) in enumerate(blocks.items()):
-          _episodes._take_block(eps[episode[row]],  # pylint: disable=protected-access
+          _episode.take_block(eps[episode[row]],
                                 exps[j, exps.shape[1] - len(fed):])
   if stats is not None:
     stats.update(steps=steps, row_steps=row_steps, places=places,

@@ -14,7 +14,7 @@ from cascade_jax import data
 from cascade_jax import domains
 from cascade_jax import model as model_lib
 from cascade_jax import sharding
-from cascade_jax.rollout._episodes import EpisodeConfig
+from cascade_jax.rollout._episode import EpisodeConfig
 from cascade_jax.rollout._episodes import run_episodes
 from cascade_jax.rollout._sampler import generate
 from cascade_jax.rollout._sampler import SampleConfig

@@ -131,7 +131,7 @@ def row_keys(keys: jax.Array, t) -> jax.Array:
   return jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(t, keys.shape))
 
 
-def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_ids):
+def choose_step(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_ids):
   """Samples token t of every row from its logits (pad once a row is done);
   records its log-prob and kept-set size, and which rows are now done.
 
@@ -141,7 +141,7 @@ def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_ids):
     sub = row_keys(key, t)
   else:
     key, sub = jax.random.split(key)
-  tok, lp, n_kept = _select(logits, sub, cfg)
+  tok, lp, n_kept = select_tokens(logits, sub, cfg)
   tok = jnp.where(done, pad_id, tok)
   toks = toks.at[:, t].set(tok)
   lps = lps.at[:, t].set(jnp.where(done, 0.0, lp))
@@ -149,7 +149,7 @@ def _choose(t, logits, key, toks, lps, kept, done, *, cfg, pad_id, stop_ids):
   return tok, key, toks, lps, kept, done | is_stop(tok, stop_ids)
 
 
-def _select(logits, key, cfg: SampleConfig):
+def select_tokens(logits, key, cfg: SampleConfig):
   """Next token, its log-prob under the sampling distribution, and the kept-set size.
 
   `key`: one key for the batch, or a key a row ([B]).
@@ -219,7 +219,7 @@ def _generate(graph, state, prompt_bp, prompt_len_b, key, cache_buffers, *,
     rope_all = model_lib.rope_tables(prompt_len_b[:, None] + jnp.arange(n),
                                      model.cfg.head_dim, model.cfg.rope_theta)
 
-  choose = functools.partial(_choose, cfg=cfg, pad_id=pad_id,
+  choose = functools.partial(choose_step, cfg=cfg, pad_id=pad_id,
                              stop_ids=stop_ids)
 
   def cond(c):

@@ -64,7 +64,7 @@ class Turn:
 
 @functools.partial(jax.jit, static_argnames=('graph',),
                    donate_argnames=('cache',))
-def _feed(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
+def feed_block(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
   """Writes a left-padded block into the cache; the next-token logits of each row."""
   model = nnx.merge(graph, state)
   b = tokens_bw.shape[0]
@@ -82,7 +82,7 @@ def _feed(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
 @functools.partial(jax.jit, static_argnames=('graph',),
                    donate_argnames=('cache',))
 def _feed_steps(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
-  """`_feed` one column at a time (models with Mamba layers: their states
+  """`feed_block` one column at a time (models with Mamba layers: their states
   skip each row's padding instead of restarting after it)."""
   model = nnx.merge(graph, state)
   b = tokens_bw.shape[0]
@@ -108,10 +108,10 @@ def _feed_steps(graph, state, tokens_bw, valid_bw, pos_bw, cache, prev_logits):
 
 
 def feed_fn(cfg: model_lib.ModelConfig):
-  """The jitted block feed for `cfg`'s model: `_feed`, or `_feed_steps`
+  """The jitted block feed for `cfg`'s model: `feed_block`, or `_feed_steps`
   where the pattern has Mamba layers. Episode slots feed observations with
   it (every row, in place), and the AOT plan compiles it (its `feed` step)."""
-  return _feed_steps if model_lib.MAMBA in cfg.pattern else _feed
+  return _feed_steps if model_lib.MAMBA in cfg.pattern else feed_block
 
 
 @functools.partial(jax.jit, static_argnames=('graph', 'cfg', 'stop_ids',
@@ -132,7 +132,7 @@ def _turn(graph, state, logits0, cache, next_pos_b, active_b, key, *, cfg,
   n_moe = model.cfg.pattern.count(model_lib.MOE)
   k_top = model.cfg.moe.top_k if n_moe else 0
 
-  choose = functools.partial(_sampler._choose, cfg=cfg, pad_id=pad_id,
+  choose = functools.partial(_sampler.choose_step, cfg=cfg, pad_id=pad_id,
                              stop_ids=stop_ids)
 
   def cond(c):
@@ -236,7 +236,7 @@ class Conversation:
         self.next_pos[r] += k
     # Mamba states step over padding after the first block (see above).
     feed = (_feed_steps if self.index and model_lib.MAMBA in
-            self.model.cfg.pattern else _feed)
+            self.model.cfg.pattern else feed_block)
     # A later block goes in `bucket`-wide column chunks: one program per
     # batch, whatever an observation's width (each width compiled its
     # own, 3-4 a stage). A chunk's queries attend to the cache the chunks
