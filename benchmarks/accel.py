@@ -1,7 +1,7 @@
 """The accelerator benchmark: MoE layer vs ideal, train-step MFU, decode bandwidth; one table.
 
-  bash scripts/gpu_bench.sh     # H200: configs/bench_accel.py full sizes
-  python -m experiments.bench_accel --config=configs/bench_accel.py:quick
+  bash scripts/gpu_bench.sh     # H200: benchmarks/configs/accel.py full sizes
+  python -m benchmarks.accel --config=benchmarks/configs/accel.py:quick
 
 Prints which implementation each op ran (`cascade_jax.ops`), then a table:
 metric, value, target. With --workdir: config.json and results.json.
@@ -23,10 +23,10 @@ from cascade_jax import ops
 from cascade_jax import rl
 from cascade_jax import rollout
 from cascade_jax import utils
-from experiments import moe_benchmarks
+from benchmarks import moe_layers
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/bench_accel.py', 'Benchmark config.', lock_config=True)
+    'config', 'benchmarks/configs/accel.py', 'Benchmark config.', lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'If set, writes config.json and results.json here.')
 
@@ -52,7 +52,7 @@ def train_flops_per_token(cfg: model_lib.ModelConfig, seq_len: int) -> float:
 
 
 def moe_rows(c) -> list[list]:
-  rows = moe_benchmarks.moe_layer_benchmark(
+  rows = moe_layers.moe_layer_benchmark(
       dtype=c.dtype, repeats=c.repeats, matmul_size=4096 if c.dtype ==
       'bfloat16' else 512, **c.moe.to_dict())
   out = []

@@ -1,6 +1,6 @@
 """Compile time against depth, layers unrolled vs scanned (memory.scan_layers): the SFT train step, and its loss gradient alone.
 
-  python -m experiments.bench_compile --depths=2,4,8,16
+  python -m benchmarks.compile --depths=2,4,8,16
 
 The main job's model (configs/sft.py: small, vocab 1024, '*E' repeated),
 one device, batch 8 x 256; each row compiles afresh (no persistent cache).

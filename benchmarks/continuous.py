@@ -1,6 +1,6 @@
 """Continuous batching against a fixed batch: the same samples, tokens per second.
 
-  python -m experiments.bench_continuous --out=docs/results/continuous_<date>
+  python -m benchmarks.continuous --out=docs/results/continuous_<date>
 
 The main job's model (`small`, vocab 1024, *E*E) answers `prompts` prompts
 of 8-32 tokens at temperature 1 with a budget of `new_tokens`. Responses end

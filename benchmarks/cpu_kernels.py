@@ -1,6 +1,6 @@
 """The CPU kernels' choice on the sampler: 'auto' against every kernel on and every kernel off.
 
-  python -m experiments.bench_cpu_kernels --out=docs/results/cpu_kernels_<date>
+  python -m benchmarks.cpu_kernels --out=docs/results/cpu_kernels_<date>
 
 Generates with the main job's model (`small`, vocab 1024, *E*E) as its RL
 stages do (128-token prompts, 48 new tokens, temperature 1, no stop) at

@@ -1,6 +1,6 @@
 """Decode over a long KV cache: reading the written blocks only against reading the whole cache.
 
-  python -m experiments.bench_decode_cache --out=docs/results/decode_cache_<date>
+  python -m benchmarks.decode_cache --out=docs/results/decode_cache_<date>
 
 The main job's model (`small`, vocab 1024, *E*E) generates after a
 `prompt_len`-token prompt until its cache of `caches` slots is full (the

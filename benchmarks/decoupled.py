@@ -1,6 +1,6 @@
 """Decoupled rollouts against the synchronous loop: one RL stage of the main job, steps per second.
 
-  python -m experiments.bench_decoupled --run=runs/cascade --stage=if_rl \
+  python -m benchmarks.decoupled --run=runs/cascade --stage=if_rl \
       --out=docs/results/decoupled_<date>
 
 The arms (`--arms`), one after the other, each `experiments.rerun_stage`

@@ -1,6 +1,6 @@
 """Streaming Hugging Face import: peak host memory and throughput on a synthetic Qwen3-MoE checkpoint.
 
-  python -m experiments.bench_import --dir=/tmp/bench_import       # ~2.6 GB bf16
+  python -m benchmarks.import_hf --dir=/tmp/bench_import       # ~2.6 GB bf16
 
 Writes (once) a synthetic Qwen3-MoE checkpoint in bf16, one safetensors
 file a layer with an index and no tokenizer, then imports it with
@@ -146,7 +146,7 @@ def run_import(hf_dir: str, run: str, nproc: int) -> list[dict]:
     args = dict(hf_dir=hf_dir, run=run, nproc=nproc, pid=pid, coord=coord,
                 devices=8 // nproc, fsdp=8)
     procs.append(subprocess.Popen(
-        [sys.executable, '-m', 'experiments.bench_import',
+        [sys.executable, '-m', 'benchmarks.import_hf',
          f'--worker={json.dumps(args)}'], cwd=ROOT, stdout=subprocess.PIPE,
         text=True))
   out = []

@@ -1,7 +1,7 @@
 """A Mamba-2 layer against an attention layer of the same width: fwd+bwd and one decode step, by sequence length.
 
-  python -m experiments.bench_mamba
-  python -m experiments.bench_mamba --seq_lens=512,2048 --width=512 --repeats=2
+  python -m benchmarks.mamba
+  python -m benchmarks.mamba --seq_lens=512,2048 --width=512 --repeats=2
 
 One mixer each (Nemotron-H's shapes scaled to `width`): attention with
 width / 128 query heads of 128 and 2 KV heads, no RoPE; Mamba-2 with

@@ -1,6 +1,6 @@
 """Benchmarks the MoE dispatch paths (forward + backward) against an ideal dense MLP.
 
-  python -m experiments.bench_moe --config=configs/bench_moe.py
+  python -m benchmarks.moe --config=benchmarks/configs/moe.py
 """
 
 from absl import app
@@ -10,10 +10,10 @@ from ml_collections import config_flags
 import jax
 
 from cascade_jax import utils
-from experiments import moe_benchmarks
+from benchmarks import moe_layers
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/bench_moe.py', 'Benchmark config.', lock_config=True)
+    'config', 'benchmarks/configs/moe.py', 'Benchmark config.', lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'If set, writes config.json and results.json here.')
 
@@ -25,7 +25,7 @@ def main(argv):
         f'(jax {jax.__version__}): {c.tokens} tokens, embed {c.embed_dim}, '
         f'{c.num_experts} experts x width {c.expert_dim}, top-{c.top_k}, '
         f'{c.activation}, capacity factor {c.capacity_factor}, {c.dtype}')
-  rows = moe_benchmarks.moe_layer_benchmark(**c.to_dict())
+  rows = moe_layers.moe_layer_benchmark(**c.to_dict())
   print(utils.format_table(
       ['path', 'ms', 'x ideal', 'GFLOP/s', 'of matmul peak', 'dropped'],
       [[r['path'], r['seconds'] * 1e3, r['ratio'], r['gflops'], r['of_peak'],

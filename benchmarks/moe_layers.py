@@ -1,4 +1,4 @@
-"""MoE benchmarks for the launchers (bench_moe, bench_accel, bench_rollout).
+"""The MoE layer benchmarks that moe, accel and rollout share.
 
 `moe_layer_benchmark`: one MoE layer's forward + backward per dispatch path
 against the ideal dense MLP. `moe_decode_benchmark`: one MoE layer's decode

@@ -2,7 +2,7 @@
 
 Then one MoE layer's decode step with the CPU kernel against XLA's layouts.
 
-  python -m experiments.bench_rollout --config=configs/bench_rollout.py
+  python -m benchmarks.rollout --config=benchmarks/configs/rollout.py
 """
 
 import tempfile
@@ -19,10 +19,10 @@ from cascade_jax import checkpoint
 from cascade_jax import model as model_lib
 from cascade_jax import rollout
 from cascade_jax import utils
-from experiments import moe_benchmarks
+from benchmarks import moe_layers
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/bench_rollout.py', 'Benchmark config.',
+    'config', 'benchmarks/configs/rollout.py', 'Benchmark config.',
     lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'If set, writes config.json and results.json here.')
@@ -102,7 +102,7 @@ def main(argv):
       ['batch', 'ours tok/s', 'transformers tok/s', 'speed-up',
        'same tokens', 'ours fixed ms', 'ours ms/step'], rows))
   # Where the decode step's MoE time goes: one layer, kernel vs XLA layouts.
-  moe = moe_benchmarks.moe_decode_benchmark(
+  moe = moe_layers.moe_decode_benchmark(
       batch_sizes=c.batch_sizes, embed_dim=c.embed_dim,
       expert_dim=c.expert_dim, num_experts=c.num_experts, top_k=c.top_k,
       activation=cfg.moe.activation, steps=c.new_tokens)

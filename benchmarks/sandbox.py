@@ -1,6 +1,6 @@
 """Prints how many sandboxed test executions per second the pool sustains.
 
-  python -m experiments.bench_sandbox --config=configs/bench_sandbox.py
+  python -m benchmarks.sandbox --config=benchmarks/configs/sandbox.py
 """
 
 import os
@@ -14,7 +14,7 @@ from cascade_jax import sandbox
 from cascade_jax import utils
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/bench_sandbox.py', 'Benchmark config.',
+    'config', 'benchmarks/configs/sandbox.py', 'Benchmark config.',
     lock_config=True)
 
 

@@ -4,11 +4,11 @@
 # .gpu_wheels) `bash scripts/gpu_bench.sh`. On an H200 (2026-12-04): tests 70 s, bench about 400 s (MoE 42,
 # train 137, decode 121, mismatch 103 s), so one 15-minute lease holds it:
 #   1. the `gpu` tests: each op's fused kernels equal the reference, bf16 + fp32
-#   2. experiments.bench_accel at full size: MoE layer vs ideal, train-step
+#   2. benchmarks.accel at full size: MoE layer vs ideal, train-step
 #      MFU, decode tokens/s and HBM fraction, as one table
 # BENCH_PARTS=mismatch (say) runs only those parts of the benchmark.
 # Results: $OUT (the device tool's folder) or runs/gpu_bench. A dry run on CPU:
-#   SKIP_WHEELS=1 JAX_PLATFORMS=cpu BENCH_CONFIG=configs/bench_accel.py:quick \
+#   SKIP_WHEELS=1 JAX_PLATFORMS=cpu BENCH_CONFIG=benchmarks/configs/accel.py:quick \
 #     PYTHON=.venv/bin/python bash scripts/gpu_bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +45,8 @@ timeout ${TEST_TIMEOUT:-180} $PY -m pytest -q -m gpu tests/test_ops.py \
   -p no:cacheprovider -o addopts= -ra 2>&1 | tee "$out/gpu_tests.log"
 echo "[gpu_bench] tests: ${SECONDS}s" | tee -a "$out/gpu.txt"
 SECONDS=0
-timeout ${BENCH_TIMEOUT:-450} $PY -m experiments.bench_accel \
-  --config="${BENCH_CONFIG:-configs/bench_accel.py}" --workdir="$out" \
+timeout ${BENCH_TIMEOUT:-450} $PY -m benchmarks.accel \
+  --config="${BENCH_CONFIG:-benchmarks/configs/accel.py}" --workdir="$out" \
   ${BENCH_PARTS:+--config.parts=$BENCH_PARTS} 2>&1 \
   | tee "$out/bench.log"
 echo "[gpu_bench] bench: ${SECONDS}s" | tee -a "$out/gpu.txt"

@@ -21,7 +21,7 @@ def _run(*args):
 
 @pytest.mark.slow  # ~13 s, a benchmark: CI runs it
 def test_bench_moe_quick_writes_a_table_and_results(tmp_path):
-  r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:quick',
+  r = _run('benchmarks.moe', '--config=benchmarks/configs/moe.py:quick',
            '--config.num_experts=4', f'--workdir={tmp_path}')
   assert r.returncode == 0, r.stderr
   assert 'best path:' in r.stdout
@@ -29,7 +29,7 @@ def test_bench_moe_quick_writes_a_table_and_results(tmp_path):
   assert [row['path'] for row in rows][1:4] == ['capacity', 'ragged', 'dense']
   assert all(row['seconds'] > 0 for row in rows[:4])
   assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
-  _assert_provenance(tmp_path, 'experiments.bench_moe')
+  _assert_provenance(tmp_path, 'benchmarks.moe')
 
 
 def _assert_provenance(workdir, module):
@@ -42,14 +42,14 @@ def _assert_provenance(workdir, module):
 
 
 def test_unknown_config_key_is_refused():
-  r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:quick',
+  r = _run('benchmarks.moe', '--config=benchmarks/configs/moe.py:quick',
            '--config.num_expert=4')
   assert r.returncode != 0
   assert 'num_expert' in r.stderr
 
 
 def test_unknown_config_argument_is_refused():
-  r = _run('experiments.bench_moe', '--config=configs/bench_moe.py:huge')
+  r = _run('benchmarks.moe', '--config=benchmarks/configs/moe.py:huge')
   assert r.returncode != 0
   assert "unknown argument 'huge'" in r.stderr
 
@@ -58,8 +58,8 @@ def test_unknown_config_argument_is_refused():
 def test_bench_rollout_quick_prints_both_tables(tmp_path):
   # The sampler against transformers (same tokens), then the MoE decode
   # layer; with --workdir (as its sweep launches it) both as results.json.
-  r = _run('experiments.bench_rollout',
-           '--config=configs/bench_rollout.py:quick', '--config.num_experts=4',
+  r = _run('benchmarks.rollout',
+           '--config=benchmarks/configs/rollout.py:quick', '--config.num_experts=4',
            f'--workdir={tmp_path}')
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
@@ -70,13 +70,13 @@ def test_bench_rollout_quick_prints_both_tables(tmp_path):
   assert res['sampler'][0]['batch'] == 2 and res['sampler'][0]['same_tokens'] == 1
   assert res['moe_decode_layer_us'][0]['xla'] > 0
   assert json.load(open(tmp_path / 'config.json'))['num_experts'] == 4
-  _assert_provenance(tmp_path, 'experiments.bench_rollout')
+  _assert_provenance(tmp_path, 'benchmarks.rollout')
 
 
 @pytest.mark.slow  # ~50 s: CI runs it
 def test_bench_accel_quick_runs_every_part_on_cpu(tmp_path):
   # The H200 benchmark's code at CPU sizes: every row, and the ops it ran.
-  r = _run('experiments.bench_accel', '--config=configs/bench_accel.py:quick',
+  r = _run('benchmarks.accel', '--config=benchmarks/configs/accel.py:quick',
            f'--workdir={tmp_path}')
   assert r.returncode == 0, r.stderr
   res = json.load(open(tmp_path / 'results.json'))
@@ -152,21 +152,22 @@ def test_judge_agreement_ranks_pairs_beside_bradley_terry(quick_cascade,
   assert 'Bradley-Terry' in header and 'judge' not in header
 
 
-def test_readme_status_is_written_from_the_results():
-  # Every row of the README's status table is what the committed result
-  # files say (python -m experiments.status --write), every rule came
-  # before its results or says it did not, and a claim without files is
-  # one whose rule is registered ahead of its runs (not post hoc).
-  from experiments import claims  # pylint: disable=g-import-not-at-top
-  r = _run('experiments.status', '--check')
+def test_the_claims_tables_are_written_from_the_results():
+  # Every row of the claims tables (docs/claims/README.md, README.md) is
+  # what the committed result files say (python -m experiments.claims
+  # --write), every rule came before its results or says it did not, and
+  # a claim without files is one whose rule is registered ahead of its
+  # runs (not post hoc).
+  from experiments.claims import rules as rules_lib  # pylint: disable=g-import-not-at-top
+  r = _run('experiments.claims', '--check')
   assert r.returncode == 0, r.stderr
-  r = _run('experiments.status')
-  rules = claims.load_rules()
-  for cid, rule in rules.items():
-    row = next(l for l in r.stdout.splitlines() if f'[{cid}]' in l)
+  with open(os.path.join(_ROOT, 'docs', 'claims', 'README.md')) as f:
+    table = f.read()
+  for cid, rule in rules_lib.load_rules().items():
+    row = next(l for l in table.splitlines() if f']({cid}.json)' in l)
     if 'not measured' in row:
       assert 'post_hoc' not in rule, cid
-    assert ('(post hoc)' in row) == bool(rule.get('post_hoc')), cid
+    assert ('(post hoc' in row) == bool(rule.get('post_hoc')), cid
 
 
 def test_steps_to_the_teacher_on_known_curves():

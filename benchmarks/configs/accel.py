@@ -1,7 +1,7 @@
 """The accelerator benchmark (issue 16): MoE layer, train-step MFU, decode bandwidth.
 
   bash scripts/gpu_bench.sh                 # on an H200: the full sizes, < 8 min
-  python -m experiments.bench_accel --config=configs/bench_accel.py:quick   # CPU, seconds
+  python -m benchmarks.accel --config=benchmarks/configs/accel.py:quick   # CPU, seconds
 
 Full sizes:
 - MoE layer fwd+bwd, bf16, Qwen3-like: 16384 tokens, embed 2048, 128
@@ -47,6 +47,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.update(batch=2, seq_len=64)
     c.decode.update(batch_sizes=(2,), prompt_len=8, new_tokens=(4, 24))
   elif arg:
-    raise ValueError(f'configs/bench_accel.py: unknown argument {arg!r} '
+    raise ValueError(f'benchmarks/configs/accel.py: unknown argument {arg!r} '
                      "(known: 'quick')")
   return c

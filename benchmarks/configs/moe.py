@@ -2,9 +2,9 @@
 
 Launch (about 1 minute on 2 CPU cores):
 
-  python -m experiments.bench_moe --config=configs/bench_moe.py
-  python -m experiments.bench_moe --config=configs/bench_moe.py:quick
-  python -m experiments.bench_moe --config=configs/bench_moe.py \
+  python -m benchmarks.moe --config=benchmarks/configs/moe.py
+  python -m benchmarks.moe --config=benchmarks/configs/moe.py:quick
+  python -m benchmarks.moe --config=benchmarks/configs/moe.py \
       --config.num_experts=16 --config.dtype=bfloat16
 
 The layer is the one from DEVELOPERS.md / CPU_SCALE.md: 8192 tokens, embed
@@ -31,7 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.tokens, c.embed_dim, c.expert_dim = 256, 32, 64
     c.repeats, c.matmul_size = 2, 256
   elif arg:
-    raise ValueError(f'configs/bench_moe.py: unknown argument {arg!r} '
+    raise ValueError(f'benchmarks/configs/moe.py: unknown argument {arg!r} '
                      "(known: 'quick')")
   return c
 

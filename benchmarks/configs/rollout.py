@@ -1,6 +1,6 @@
 """Rollout speed: our jitted KV-cache sampler against transformers' generate, same model and weights.
 
-  python -m experiments.bench_rollout --config=configs/bench_rollout.py
+  python -m benchmarks.rollout --config=benchmarks/configs/rollout.py
 
 A Qwen3-MoE-shaped model (exportable to transformers): embed 256, 4 layers,
 8 experts top-2, 32 prompt tokens, 64 new tokens, greedy, in fp32 on CPU;
@@ -33,7 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.embed_dim, c.layers, c.expert_dim, c.vocab_size = 32, 2, 32, 64
     c.prompt_len, c.new_tokens, c.batch_sizes, c.repeats = 8, 8, (2,), 1
   elif arg:
-    raise ValueError(f'configs/bench_rollout.py: unknown argument {arg!r}')
+    raise ValueError(f'benchmarks/configs/rollout.py: unknown argument {arg!r}')
   return c
 
 

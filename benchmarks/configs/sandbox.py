@@ -1,7 +1,7 @@
 """Sandbox throughput: executions per second for a batch of small programs.
 
-  python -m experiments.bench_sandbox --config=configs/bench_sandbox.py
-  python -m experiments.bench_sandbox --config=configs/bench_sandbox.py \
+  python -m benchmarks.sandbox --config=benchmarks/configs/sandbox.py
+  python -m benchmarks.sandbox --config=benchmarks/configs/sandbox.py \
       --config.workers=1
 
 Each execution is one generated `code` task: a program run against its
@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.programs = 16
     c.rounds = 1
   elif arg:
-    raise ValueError(f'configs/bench_sandbox.py: unknown argument {arg!r}')
+    raise ValueError(f'benchmarks/configs/sandbox.py: unknown argument {arg!r}')
   return c
 
 

@@ -1,4 +1,4 @@
-"""The claim measures decided on the hybrid model only (experiments.status's MEASURES)."""
+"""The claim measures decided on the hybrid model only (`measures.MEASURES`)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import os
 
 import numpy as np
 
-from experiments._results import load
-from experiments._results import macro
-from experiments._results import row
-from experiments._results import se_change
-from experiments._results import SHORT
-from experiments._results import stage_changes
+from experiments.claims.results import load
+from experiments.claims.results import macro
+from experiments.claims.results import row
+from experiments.claims.results import se_change
+from experiments.claims.results import SHORT
+from experiments.claims.results import stage_changes
 
 
 def own_domain_seeds(files):

@@ -1,75 +1,54 @@
-"""The README's status section, written from the raw results in docs/results/ (never by hand).
+"""The claims' measures: each reads a rule's result files and returns (the row's text, the numbers its verdict function takes).
 
-  python -m experiments.status            # print the section
-  python -m experiments.status --write    # put it into README.md
-  python -m experiments.status --check    # exit 1 if README.md differs, or
-                                          # a rule came after its results
-
-Each row is one of the paper's claims (a rule file in docs/claims/: the
-claim, its metric, comparison, threshold and seeds, the verdict function
-of experiments/claims.py, the result files and their command), what the
-committed results show at CPU scale (numbers read from the JSON files, the
-verdict computed from them by the rule), and whether the rule was written
-after its results (post hoc). tests/test_experiments.py runs --check, so a
-README number without its file, or a rule changed after its results, fails
-the suite.
+A rule file names its measure by its key in `MEASURES`. Once a rule has
+results, the measure it names must not change (`history.check`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 
 import numpy as np
 
-from experiments import claims
+from experiments.claims import hybrid_measures
+from experiments.claims.results import load
+from experiments.claims.results import row
+from experiments.claims.results import se_change
+from experiments.claims.results import SHORT
+from experiments.claims.results import stage_changes
 
-from experiments import _hybrid_measures
-from experiments._results import load as _load
-from experiments._results import macro as _macro
-from experiments._results import ROOT
-from experiments._results import row as _row
-from experiments._results import se_change as _se_change
-from experiments._results import SHORT
-from experiments._results import stage_changes as _stage_changes
-BEGIN = '<!-- status:begin (python -m experiments.status --write) -->'
-END = '<!-- status:end -->'
 NAMES = {'bradley_terry': 'Bradley-Terry', 'generative_judge': 'judge'}
 
 
-# ------------------------------------------------------------- measures
-# Each reads a claim's result files: (the row's text, the numbers its
-# rule's verdict function takes; see experiments/claims.py).
-
-def _short(c: dict) -> str:
+def short(c: dict) -> str:
   return f"{c['stage']} {SHORT.get(c['domain'], c['domain'])} {c['change']:+.3f}"
 
 
-def _main_job(files):
-  rep = _load(files[0])
-  changes = _stage_changes(rep, own=True)
+def main_job(files):
+  rep = load(files[0])
+  changes = stage_changes(rep, own=True)
   up = [c['change'] > 2 * c['se'] for c in changes]
-  drops = [c for c in _stage_changes(rep, own=False)
+  drops = [c for c in stage_changes(rep, own=False)
            if c['change'] < -2 * c['se']]
   meta = rep.get('meta', {})
   text = (f'{sum(up)} of {len(changes)} own-domain changes up beyond 2 '
-          'paired SE: ' + ', '.join(_short(c) + ('' if u else ' (**miss**)')
+          'paired SE: ' + ', '.join(short(c) + ('' if u else ' (**miss**)')
                                     for c, u in zip(changes, up))
           + f'; other domains down beyond 2 paired SE: {len(drops)} ('
-          + ', '.join(_short(c) for c in drops)
+          + ', '.join(short(c) for c in drops)
           + f") ({meta.get('wall_s', float('nan')):.0f} s, "
           f"{meta.get('machine', '?')})")
   return text, dict(changes=changes)
 
 
-def _math(files):
-  rep = _load(next(f for f in files if f.endswith('report.json')))
+def math(files):
+  rep = load(next(f for f in files if f.endswith('report.json')))
   sft = next(s for s in rep['stages'] if s['name'] == 'sft')['scores']['math']
-  reruns = [_load(f) for f in files if f.endswith('rerun.json')]
-  weights = next((_load(f)['results'] for f in files
+  reruns = [load(f) for f in files if f.endswith('rerun.json')]
+  weights = next((load(f)['results'] for f in files
                   if f.endswith('sft_math_weight.json')), {})
-  rows = [_row(r, 'math') for r in reruns]
+  rows = [row(r, 'math') for r in reruns]
   ch = [r['change'] for r in rows]
   text = (f"SFT math {sft['pass_rate']:.3f} ± {sft['pass_se']:.3f}; GRPO on "
           f"math (`math_rl`, 30 steps from SFT, {len(rows)} seeds): "
@@ -83,8 +62,8 @@ def _math(files):
                              for r in rows])
 
 
-def _mopd(files):
-  r = _load(files[0])
+def mopd(files):
+  r = load(files[0])
   ratio = r.get('ratio_mopd_to_grpo') or {}
 
   arm = lambda a: f'{a.upper()} ' + arm_text(r, a)
@@ -114,8 +93,8 @@ def arm_text(r, a):
           f"(steps {seeds}), end {r['end'][a]['final']:.3f}")
 
 
-def _judge(files):
-  a = _load(files[0])
+def judge(files):
+  a = load(files[0])
   p, s = a['pairs'], a['samples']
   text = (f"agreement with the rule judge, held-out chosen/rejected pairs "
           f"(n={p['n']}): judge {p['judge']:.3f}, Bradley-Terry "
@@ -125,20 +104,20 @@ def _judge(files):
   return text, dict(n=p['n'])
 
 
-def _rlhf_runs(files, reward: str | None = None, kl: str | None = None):
-  """{(reward, kl): [preference rows]} of rlhf/<judge|bt>_kl<K>_seed<S>."""
+def rlhf_runs(files, reward: str | None = None, kl: str | None = None):
+  """{(reward, kl): [preference rows]} of rlhf/<judge|bt>kl<K>_seed<S>."""
   by = {}
   for f in files:
     name = os.path.basename(os.path.dirname(f))
     r, k, _ = name.split('_')
     r = {'judge': 'generative_judge', 'bt': 'bradley_terry'}[r]
     if (reward is None or r == reward) and (kl is None or k[2:] == kl):
-      by.setdefault((r, k[2:]), []).append(_row(_load(f), 'preference'))
+      by.setdefault((r, k[2:]), []).append(row(load(f), 'preference'))
   return by
 
 
-def _rlhf_reward(files):
-  by = {r: rows for (r, _), rows in _rlhf_runs(files, kl='0.1').items()}
+def rlhf_reward(files):
+  by = {r: rows for (r, _), rows in rlhf_runs(files, kl='0.1').items()}
   parts, means = [], {}
   for kind in ('generative_judge', 'bradley_terry'):
     rows = by.get(kind, [])
@@ -152,13 +131,13 @@ def _rlhf_reward(files):
   return text, dict(means=means)
 
 
-def _if_hurts(files):
-  rep = _load(next(f for f in files if f.endswith('report.json')))
-  reruns = [_row(_load(f), 'preference') for f in files
+def if_hurts(files):
+  rep = load(next(f for f in files if f.endswith('report.json')))
+  reruns = [row(load(f), 'preference') for f in files
             if '/if_rl/' in f and f.endswith('rerun.json')]
   from configs import cascade  # pylint: disable=g-import-not-at-top
   reward = cascade.RLHF_REWARD
-  rlhf = _rlhf_runs([f for f in files if '/rlhf/' in f],
+  rlhf = rlhf_runs([f for f in files if '/rlhf/' in f],
                     reward=reward, kl='0.1').get((reward, '0.1'), [])
   by = {s['name']: s for s in rep['stages']}
   pref = lambda n: by[n]['scores']['preference']['pass_rate']
@@ -175,20 +154,23 @@ def _if_hurts(files):
                     start=pref('sft'), recovered=pref('rlhf'))
 
 
-def _if_hurts_seeds(files):
+def if_hurts_seeds(files):
   """Per seed's main-job report: IF-RL's preference change from the stage
   it starts from (SFT) and the main line's RLHF's preference against that
   SFT's, each with its paired SE over prompts."""
   seeds = []
   for f in files:
-    by = {s['name']: s for s in _load(f)['stages']}
+    by = {s['name']: s for s in load(f)['stages']}
+    start = by[by['if_rl']['init_from']]
     pref = lambda n: by[n]['scores']['preference']
-    a, if_rl, rlhf = pref(by['if_rl']['init_from']), pref('if_rl'), pref('rlhf')
-    change = lambda b: dict(change=b['pass_rate'] - a['pass_rate'],
-                            se=_se_change(a, b))
-    seeds.append(dict(start=a['pass_rate'], if_rl=if_rl['pass_rate'],
-                      rlhf=rlhf['pass_rate'], hurt=change(if_rl),
-                      recovered=change(rlhf)))
+    a = start['scores']['preference']
+    seeds.append(dict(
+        start=a['pass_rate'], if_rl=pref('if_rl')['pass_rate'],
+        rlhf=pref('rlhf')['pass_rate'],
+        hurt=dict(change=pref('if_rl')['pass_rate'] - a['pass_rate'],
+                  se=se_change(a, pref('if_rl'))),
+        recovered=dict(change=pref('rlhf')['pass_rate'] - a['pass_rate'],
+                       se=se_change(a, pref('rlhf')))))
   beyond = lambda k, sign: sum(sign * s[k]['change'] > 2 * s[k]['se']
                                for s in seeds)
   text = (f'{len(seeds)} seeds of the main job, preference pass@1 SFT -> '
@@ -200,8 +182,8 @@ def _if_hurts_seeds(files):
   return text, dict(seeds=seeds)
 
 
-def _kl(files):
-  by = _rlhf_runs(files)
+def kl(files):
+  by = rlhf_runs(files)
   parts, means = [], {}
   for reward in ('bradley_terry', 'generative_judge'):
     for kl in sorted({k for r, k in by if r == reward}, key=float):
@@ -217,13 +199,13 @@ def _kl(files):
           f'{NAMES[cascade.RLHF_REWARD]})', dict(means=default))
 
 
-def _forgetting(files):
+def forgetting(files):
   """Per seed's main-job report: each RL stage's changes in the other
   domains, and the final stage against SFT per domain."""
-  reps = [_load(f) for f in files]
+  reps = [load(f) for f in files]
   stage_drops, final = {}, {}
   for rep in reps:
-    for c in _stage_changes(rep, own=False):
+    for c in stage_changes(rep, own=False):
       stage_drops.setdefault(f"{c['stage']} {c['domain']}", []).append(c)
     chain = [s for s in rep['stages']
              if s.get('scores') and not s.get('branch')]
@@ -231,7 +213,7 @@ def _forgetting(files):
     for d in sorted(last['scores']):
       a, b = sft['scores'][d], last['scores'][d]
       final.setdefault(d, []).append(dict(
-          change=b['pass_rate'] - a['pass_rate'], se=_se_change(a, b)))
+          change=b['pass_rate'] - a['pass_rate'], se=se_change(a, b)))
   mean = lambda cs: float(np.mean([c['change'] for c in cs]))
   beyond = lambda cs: sum(c['change'] < -2 * c['se'] for c in cs)
   worst = sorted(stage_drops.items(), key=lambda kv: mean(kv[1]))[:4]
@@ -245,13 +227,13 @@ def _forgetting(files):
                     final_vs_sft=final)
 
 
-def _if_rl_reward(files):
+def if_rl_reward(files):
   """IF-RL reruns, the paper's reward ('passed' arm) beside the graded one:
   the instruction-following change per seed (own domain)."""
   arms = {}
   for f in files:
     arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
-    arms.setdefault(arm, []).append(_row(_load(f), 'instruction_following'))
+    arms.setdefault(arm, []).append(row(load(f), 'instruction_following'))
   parts = []
   for arm, rows in sorted(arms.items()):
     changes = ', '.join(f"{r['change']:+.3f}" for r in rows)
@@ -263,7 +245,7 @@ def _if_rl_reward(files):
                              for r in arms.get('if_rl_passed', [])])
 
 
-def _recovery(files):
+def recovery(files):
   """MOPD (best earlier teachers) and GRPO from the damaging stage, per
   seed (files .../seedS/{mopd,grpo}/rerun.json): each damaged domain's
   change, the share of its gap to the teacher MOPD closed, and MOPD's worst
@@ -272,7 +254,7 @@ def _recovery(files):
   for f in files:
     arm = os.path.basename(os.path.dirname(f))
     seed = os.path.basename(os.path.dirname(os.path.dirname(f)))
-    runs.setdefault(arm, {})[seed] = _load(f)
+    runs.setdefault(arm, {})[seed] = load(f)
   mopd = [doc for _, doc in sorted(runs.get('mopd', {}).items())]
   grpo = [doc for _, doc in sorted(runs.get('grpo', {}).items())]
   doms = sorted({d for doc in mopd for d in doc['recover']['teachers']})
@@ -280,8 +262,8 @@ def _recovery(files):
   ups = lambda rows: sum(r['change'] > 2 * r['se'] for r in rows)
   out, parts = {}, []
   for d in doms:
-    out[d] = dict(mopd=[_row(doc, d) for doc in mopd],
-                  grpo=[_row(doc, d) for doc in grpo])
+    out[d] = dict(mopd=[row(doc, d) for doc in mopd],
+                  grpo=[row(doc, d) for doc in grpo])
     closed = []
     for doc, r in zip(mopd, out[d]['mopd']):
       gap = doc['recover']['teachers'][d]['score'] - r['before']
@@ -310,7 +292,7 @@ def _recovery(files):
   return text, dict(domains=out)
 
 
-def _lc_mix(files):
+def lc_mix(files):
   """A stage run two ways from the same checkpoint (files
   .../ARM/seedS/rerun.json): every domain's change per arm, mean over
   seeds. Two arms: the baseline ('alone' or 'default') and the remedy (the
@@ -319,7 +301,7 @@ def _lc_mix(files):
   runs = {}                                    # arm -> seed -> rerun.json
   for f in files:
     arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
-    runs.setdefault(arm, {})[os.path.basename(os.path.dirname(f))] = _load(f)
+    runs.setdefault(arm, {})[os.path.basename(os.path.dirname(f))] = load(f)
   base = next((a for a in ('alone', 'default') if a in runs), 'alone')
   other = next((a for a in sorted(runs) if a != base), 'mixed')
   rows = {arm: [{r['domain']: r for r in doc['rows']}
@@ -340,17 +322,17 @@ def _lc_mix(files):
   return text, dict(domains=out, own=out.get('long_context', {}))
 
 
-def _stage_order(files, same_sft=True, label='default order'):
+def stage_order(files, same_sft=True, label='default order'):
   """The stage orders (files .../stage_order/ARM/seedS/report.json): per
   seed, the default order's last stage against each other order's, the
   macro mean over domains and per domain, paired over prompts; void if an
   arm's SFT differs from the default's (unless not `same_sft`: settings
-  that change the SFT, `_settings`)."""
+  that change the SFT, `settings`)."""
   runs = {}                                  # seed -> arm -> report
   for f in files:
     seed = os.path.basename(os.path.dirname(f))
     arm = os.path.basename(os.path.dirname(os.path.dirname(f)))
-    runs.setdefault(seed, {})[arm] = _load(f)
+    runs.setdefault(seed, {})[arm] = load(f)
   last = lambda rep: [s for s in rep['stages']
                       if s.get('scores') and not s.get('branch')][-1]
   diffs, macro, per_domain, void = {}, {}, {}, []
@@ -373,11 +355,13 @@ def _stage_order(files, same_sft=True, label='default order'):
       if a == 'default':
         continue
       ds = {d: dict(diff=ref[d]['pass_rate'] - end[d]['pass_rate'],
-                    se=_se_change(end[d], ref[d])) for d in ref}
+                    se=se_change(end[d], ref[d])) for d in ref}
       for d, x in ds.items():
         per_domain.setdefault(a, {}).setdefault(d, []).append(x)
-      diff, se = _macro(ds.values(), 'diff')
-      diffs.setdefault(a, []).append(dict(diff=diff, se=se))
+      diffs.setdefault(a, []).append(dict(
+          diff=float(np.mean([x['diff'] for x in ds.values()])),
+          se=float(np.sqrt(sum(x['se'] ** 2 for x in ds.values()))
+                   / len(ds))))
   parts = []
   for a, ds in sorted(diffs.items()):
     beyond = lambda xs, sign: sum(sign * x['diff'] > 2 * x['se'] for x in xs)
@@ -397,14 +381,14 @@ def _stage_order(files, same_sft=True, label='default order'):
                     void='; '.join(void))
 
 
-def _settings(files):
+def settings(files):
   """Settings against the default (files .../ARM/seedS/report.json, the
-  default's in a folder named default): `_stage_order`'s figures, each arm
+  default's in a folder named default): `stage_order`'s figures, each arm
   from its own SFT."""
-  return _stage_order(files, same_sft=False, label='the default')
+  return stage_order(files, same_sft=False, label='the default')
 
 
-def _kl_main(files):
+def kl_main(files):
   """The main job at KL 0.03 (.../rlhf_kl_main/report.json for seed 0,
   .../rlhf_kl_main/seedS/report.json; the hybrid's in hybrid_rlhf_kl_main/)
   against the 0.1 jobs of the same seeds (any other file: rule 13's
@@ -415,7 +399,7 @@ def _kl_main(files):
     parent = os.path.basename(os.path.dirname(f))
     kl = '0.03' if 'rlhf_kl_main/' in f else '0.1'
     seed = int(parent[4:]) if parent.startswith('seed') else 0
-    arms.setdefault(kl, {})[seed] = {s['name']: s for s in _load(f)['stages']}
+    arms.setdefault(kl, {})[seed] = {s['name']: s for s in load(f)['stages']}
   seeds, void, parts = [], [], []
   for seed in sorted(set(arms.get('0.03', {})) & set(arms.get('0.1', {}))):
     old, new = arms['0.1'][seed], arms['0.03'][seed]
@@ -428,24 +412,24 @@ def _kl_main(files):
     lower = []
     for d, y in sorted(new['swe_agent_rl']['scores'].items()):
       x = old['swe_agent_rl']['scores'][d]
-      if y['pass_rate'] - x['pass_rate'] < -2 * _se_change(x, y):
+      if y['pass_rate'] - x['pass_rate'] < -2 * se_change(x, y):
         lower.append(f"{SHORT.get(d, d)} {y['pass_rate'] - x['pass_rate']:+.3f}")
     seeds.append(dict(a=pref >= 0, b=not lower))
     parts.append(f'seed {seed}: pref after rlhf {pref:+.3f} '
-                 f'(2 SE {2 * _se_change(a_old, a_new):.3f}), last stage lower '
+                 f'(2 SE {2 * se_change(a_old, a_new):.3f}), last stage lower '
                  f"beyond 2 SE: {', '.join(lower) or 'none'}")
   text = ('main job, KL 0.03 against 0.1: ' + '; '.join(parts)
           + (f" (void: {'; '.join(void)})" if void else ''))
   return text, dict(seeds=seeds, void='; '.join(void))
 
 
-def _mopd_gap(files):
+def mopd_gap(files):
   """experiments.mopd_vs_grpo results (one or more files, seeds merged):
   per seed, MOPD - GRPO at each evaluation after step 0 and their mean;
   the teacher's lead over the start and over GRPO's end in evaluation SE."""
   runs = {}
   for f in files:
-    runs.update(_load(f)['runs'])
+    runs.update(load(f)['runs'])
   per_seed, per_step, gap, lead = [], {}, [], []
   for _, r in sorted(runs.items(), key=lambda kv: int(kv[0])):
     m, g = r['mopd'], r['grpo']
@@ -475,101 +459,14 @@ def _mopd_gap(files):
 
 
 MEASURES: dict[str, Callable[[list[str]], tuple[str, dict]]] = dict(
-    main_job=_main_job, math=_math, mopd=_mopd, judge=_judge,
-    rlhf_reward=_rlhf_reward, if_hurts=_if_hurts,
-    if_hurts_seeds=_if_hurts_seeds, kl=_kl,
-    forgetting=_forgetting, if_rl_reward=_if_rl_reward, recovery=_recovery,
-    lc_mix=_lc_mix, stage_order=_stage_order,
-    kl_main=_kl_main, mopd_gap=_mopd_gap, settings=_settings,
-    own_domain_seeds=_hybrid_measures.own_domain_seeds,
-    hybrid_rlhf=_hybrid_measures.hybrid_rlhf,
-    sft_mix=_hybrid_measures.sft_mix,
-    if_hurts_hybrid=_hybrid_measures.if_hurts,
-    hybrid_mopd=_hybrid_measures.hybrid_mopd)
-
-
-def _provenance(files: list[str]) -> str:
-  """' (n runs at commits ..., k from dirty trees)' over the files that
-  record their run (meta.commit); each file's meta.command is the command
-  that made it."""
-  metas = []
-  for f in files:
-    if f.endswith('.json'):
-      doc = _load(f)
-      if isinstance(doc, dict) and (doc.get('meta') or {}).get('commit'):
-        metas.append(doc['meta'])
-  if not metas:
-    return ''
-  commits = sorted({m['commit'][:7] for m in metas})
-  dirty = sum(bool(m.get('dirty')) for m in metas)
-  return (f" ({len(metas)} run{'s' if len(metas) > 1 else ''} at "
-          f"{', '.join(commits)}; {dirty} from a dirty tree; each file's "
-          'meta.command is its command)')
-
-
-def section() -> str:
-  rules = claims.load_rules(ROOT)
-  lines = [BEGIN, '',
-           '| the paper says | at CPU scale (from the files) | verdict | rule '
-           '(committed before the results unless marked post hoc) | '
-           'evidence | command |', '|---|---|---|---|---|---|']
-  for cid, r in rules.items():
-    files = claims.result_files(r, ROOT, 'all')
-    if not claims.result_files(r, ROOT):
-      text, verdict = 'not measured (no result files)', 'open'
-    else:
-      text, numbers = MEASURES[r['measure']](files)
-      verdict = claims.verdict(r, numbers)
-    mark = ' (post hoc)' if r.get('post_hoc') else ''
-    where = (', '.join(f'`{p}`' for p in r['results'].split('|'))
-             + ''.join(f', `{p}` (given: from before the rule)'
-                       for p in (r.get('given') or '').split('|') if p)
-             + _provenance(files))
-    lines.append(f"| {r['claim']} | {text} | **{verdict}**{mark} | "
-                 f'{claims.describe(r)} ([{cid}]({claims.RULES}/{cid}.json)) '
-                 f"| {where} | `{r['command']}` |")
-  lines += ['', END]
-  return '\n'.join(lines)
-
-
-def readme_with(text: str, readme: str) -> str:
-  if BEGIN not in readme or END not in readme:
-    raise ValueError(f'README.md has no status markers ({BEGIN} ... {END})')
-  head, rest = readme.split(BEGIN, 1)
-  _, tail = rest.split(END, 1)
-  return head + text + tail
-
-
-def main(argv: list[str]) -> int:
-  text = section()
-  path = os.path.join(ROOT, 'README.md')
-  with open(path) as f:
-    readme = f.read()
-  if '--write' in argv:
-    with open(path, 'w') as f:
-      f.write(readme_with(text, readme))
-    print(f'wrote the status section of {path}')
-  elif '--check' in argv:
-    if readme_with(text, readme) != readme:
-      print('README.md: the status section is not what the results say; '
-            'run python -m experiments.status --write', file=sys.stderr)
-      return 1
-    print('README.md status section matches docs/results')
-    why = claims.history_available(ROOT)
-    if why:
-      print(f'rules against their results: not checked ({why})')
-      return 0
-    problems = claims.check_history(ROOT)
-    if problems:
-      print('claims whose rule did not come first:\n'
-            + claims.format_problems(problems), file=sys.stderr)
-      return 1
-    print('every rule was committed before its results '
-          '(or is marked post hoc)')
-  else:
-    print(text)
-  return 0
-
-
-if __name__ == '__main__':
-  sys.exit(main(sys.argv[1:]))
+    main_job=main_job, math=math, mopd=mopd, judge=judge,
+    rlhf_reward=rlhf_reward, if_hurts=if_hurts,
+    if_hurts_seeds=if_hurts_seeds, kl=kl,
+    forgetting=forgetting, if_rl_reward=if_rl_reward, recovery=recovery,
+    lc_mix=lc_mix, stage_order=stage_order,
+    kl_main=kl_main, mopd_gap=mopd_gap, settings=settings,
+    own_domain_seeds=hybrid_measures.own_domain_seeds,
+    hybrid_rlhf=hybrid_measures.hybrid_rlhf,
+    sft_mix=hybrid_measures.sft_mix,
+    if_hurts_hybrid=hybrid_measures.if_hurts,
+    hybrid_mopd=hybrid_measures.hybrid_mopd)

@@ -7,7 +7,8 @@ import os
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
 SHORT = {'instruction_following': 'IF', 'multi_domain': 'multi',
          'long_context': 'long', 'preference': 'pref'}
 
