@@ -39,9 +39,9 @@ DEFAULT_ORDER = ('sft,rm,rlhf_branch,if_rl,multi_domain_rl,mopd,rlhf,'
 # same stage went 0.52 -> 0.74 and 0.77 (two seeds), the RLHF branch from
 # SFT 0.52 -> 0.74 (0.67 at 0.03). --config.stages.rlhf.rl.kl_coef=0.03
 # restores the paper's value. On 2026-12-02 (15 steps from one MOPD
-# checkpoint, 3 seeds, docs/results/claims_2026-12-02/rlhf/) 0.03 gave
+# checkpoint, 3 seeds, docs/results/claims/2026-12-02/rlhf/) 0.03 gave
 # +0.282 against 0.1's +0.250, higher in every seed. The main job at 0.03
-# (3 seeds, 2026-12-04, docs/results/claims_2026-12-04/rlhf_kl_main/, rule
+# (3 seeds, 2026-12-04, docs/results/claims/2026-12-04/rlhf_kl_main/, rule
 # registered first) did worse: preference after rlhf lower in every seed
 # (-0.057, -0.021, -0.123; beyond 2 paired SE in two), so the default
 # stays 0.1.
@@ -103,7 +103,7 @@ RL_STAGES = {
     # that: from one MOPD checkpoint (2026-12-01, rerun_stage, 256 prompts x
     # 2), preference +0.100 at 15 steps, +0.039 at 20, -0.227 at 30 (the
     # RM's score still rising, KL 0.66); at 30 steps, KL 0.3 gave -0.061
-    # and lr 1e-4 +0.033 (docs/results/agentic_2026-12-01/rlhf_steps/).
+    # and lr 1e-4 +0.033 (docs/results/perf/agentic_main_job_2026-12-01/rlhf_steps/).
     'rlhf': ('preference', (1, 2, 3), {}, 15, 2e-4,
              dict(kl_coef=RLHF_KL, dynamic_filtering=False, max_new_tokens=32)),
     'long_context_rl': ('long_context', (1,),
@@ -125,7 +125,7 @@ RL_STAGES = {
     # (40 -> 64 over 10 steps, a compile each); starting at 64
     # (rl.pack_rows=64) compiled twice instead of 4 times but made every
     # step slower by as much: the stage's update seconds 55.7 against 56.1
-    # (docs/results/main_job_refill_shapes_2026-12-05).
+    # (docs/results/archive/main_job_refill_shapes_2026-12-05).
     'swe_agent_rl': ('swe_agent', (1, 2), {'split_by': 'prompt'}, 10, 2e-4,
                      dict(max_new_tokens=72, max_refill_rounds=1,
                           pack_width=448)),

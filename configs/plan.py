@@ -87,8 +87,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # The sampler's rows a chip: 64, the recipe's 2,048 rollouts on
         # v5p-64 in one round (decode 69.6 GB, prefill in 16-row chunks
         # 79.0; a modeled step of 344 s against 387 at 32 rows:
-        # docs/results/plan_rows64_2026-12-07). 32 from 2026-12-06 (8
-        # before; docs/results/plan_rollout_rows_2026-12-06), when 64
+        # docs/results/plan/rows64_2026-12-07). 32 from 2026-12-06 (8
+        # before; docs/results/archive/plan_rollout_rows_2026-12-06), when 64
         # rows' one prefill of every row left 5.8 GB of a v5p free.
         # rl.sample_slots=2048 rl.prefill_rows=512 on v5p-64.
         rl_micro_batches=1, rollout_rows=64, prompt_len=2048,
@@ -96,13 +96,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # Continuous batching's prefill (rl.prefill_rows), rows a chip: at
         # 32 rows the first fill in chunks of 16 peaks at 46.8 GB, all at
         # once at 60.1 (the decode: 37.3;
-        # docs/results/plan_prefill_rows_2026-12-07). 0: all at once.
+        # docs/results/archive/plan_prefill_rows_2026-12-07). 0: all at once.
         prefill_rows=16,
         # The decode step's write index: 1, one a row (continuous batching,
         # rl.sample_slots, and episode slots: what the pod advice above
         # runs; 90.3 GB moved, 32.7 ms on the v5p roofline against 95.8 GB
         # and 34.7 ms with one); 0, one for the batch (a fixed batch)
-        # (docs/results/plan_row_index_2026-12-07).
+        # (docs/results/plan/row_index_2026-12-07).
         row_index=1))
   elif arg == 'qwen3_30b_a3b_micro':
     # The GRPO update over more rollouts per device than fit at once, in
@@ -128,7 +128,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # in 8 rounds; each row holds its own 10k-token KV cache (~1 GB bf16).
     # Prefill and decode (and the sync, for the pod model) at each: their
     # memory and bytes
-    # (docs/results/plan_rollout_rows_2026-12-06).
+    # (docs/results/archive/plan_rollout_rows_2026-12-06).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
     # (One write index, as these were compiled before row_index.)
@@ -139,7 +139,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Continuous batching's first fill in chunks (rl.prefill_rows): the
     # prefill of 4, 8 or 16 rows a chip into the 32-row cache, and of 8 into
     # a 64-row one (the code's fixed batch there), against the whole 32-row
-    # prefill (docs/results/plan_prefill_rows_2026-12-07).
+    # prefill (docs/results/archive/plan_prefill_rows_2026-12-07).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'prefill', 'v5p-64'
     c.variants = ml_collections.ConfigDict({
@@ -150,7 +150,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # v5p-64) with the first fill in 16-row chunks: the 64-row decode step
     # (first compiled here: 13 GB of host memory alone), the chunked
     # prefill and the sync (the pod model's rows)
-    # (docs/results/plan_rows64_2026-12-07).
+    # (docs/results/plan/rows64_2026-12-07).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'prefill,decode,sync', 'v5p-64'
     c.variants = ml_collections.ConfigDict({   # one write index (as run)
@@ -159,7 +159,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Episode slots' in-place observation feed (rl.episode_slots) at the
     # plan's 64 rows a chip: every row's 16-token block through the model
     # into the 64-row, 10k-token cache, donated
-    # (docs/results/plan_feed_2026-12-07).
+    # (docs/results/plan/feed_2026-12-07).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'feed', 'v5p-64'
     c.variants = ml_collections.ConfigDict({
@@ -167,8 +167,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == 'qwen3_30b_a3b_row_index':
     # The 64-row decode with an index a row (continuous batching's and
     # episode slots' decode), and the sync for the pod model
-    # (docs/results/plan_row_index_2026-12-07; the one-index decode:
-    # docs/results/plan_rows64_2026-12-07).
+    # (docs/results/plan/row_index_2026-12-07; the one-index decode:
+    # docs/results/plan/rows64_2026-12-07).
     c.update(get_config('qwen3_30b_a3b'))
     c.steps, c.only = 'decode,sync', 'v5p-64'
     c.variants = ml_collections.ConfigDict({
@@ -195,7 +195,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # --config.model.overrides.pattern=MEMEM*EMEMEM*E
             pattern=model.NEMOTRON3_NANO_PATTERN,
             # The expert-parallel receive buffer, x the mean load (the
-            # default, as Qwen3's: docs/results/plan_nemotron_depth_2026-12-04).
+            # default, as Qwen3's: docs/results/archive/plan_nemotron_depth_2026-12-04).
             moe=dict(ragged_buffer_factor=2.0)))))
     c.memory.update(dict(remat='full', scan_layers=True, logits_chunk=1024))
     c.meshes = ml_collections.ConfigDict(MESHES_30B)
@@ -219,7 +219,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.meshes = ml_collections.ConfigDict({
         'v5p-16': dict(fsdp=1, expert=8, topology='v5p:2x2x2')})
     c.rules.embed = 'fsdp,expert'
-    # What fits 8 v5p chips (docs/results/plan_nemotron_bf16_moments_2026-12-04):
+    # What fits 8 v5p chips (docs/results/plan/nemotron_v5p16_bf16_moments_2026-12-04):
     # Adam's moments in bf16 (state 47.4 -> 31.6 GB a chip), the receive
     # buffer at 1.25 x the mean load, the output head 512 positions at a
     # time. SFT peaks at 88.4 GB; GRPO at 94.9 GB, 0.1 GB under 95.

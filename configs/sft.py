@@ -66,7 +66,7 @@ SOURCES = {
     # model called the right tool but copied neither the prompt's arguments
     # nor the tool's result (SFT 0.010, multi-domain RL +0.006, within
     # noise); at 3.0 it copies (SFT 0.297, RL +0.361; 2026-12-01, see
-    # docs/results/agentic_2026-12-01/). The SFT scores of the others
+    # docs/results/perf/agentic_main_job_2026-12-01/). The SFT scores of the others
     # moved by up to 0.1 (preference 0.508 -> 0.348 as its share of the
     # mix fell from 5.1% to 4.2%; RLHF lifts it back). Copying from an
     # observation is a lookup: it takes data.

@@ -1,8 +1,8 @@
 """A roofline model of one GRPO step on a pod, synchronous against decoupled, from the AOT plan's phase times.
 
   python -m experiments.decoupled_model \
-      --learner=docs/results/plan_2026-12-02_issue29/results.json \
-      --sampler=docs/results/plan_rollout_rows_2026-12-06/plan/results.json \
+      --learner=docs/results/archive/plan_slices_2026-12-02/results.json \
+      --sampler=docs/results/archive/plan_rollout_rows_2026-12-06/plan/results.json \
       --variant='32 rows'
 
 Not a measurement: each phase's time is the plan's v5p roofline for its
@@ -45,10 +45,10 @@ from absl import app
 from absl import flags
 
 _LEARNER = flags.DEFINE_string(
-    'learner', 'docs/results/plan_2026-12-02_issue29/results.json',
+    'learner', 'docs/results/archive/plan_slices_2026-12-02/results.json',
     'Plan results with the grpo and prefill rows.')
 _SAMPLER = flags.DEFINE_string(
-    'sampler', 'docs/results/plan_row_index_2026-12-07/plan/results.json',
+    'sampler', 'docs/results/plan/row_index_2026-12-07/plan/results.json',
     'Plan results with the decode and sync rows (compiled at depth).')
 _MESH = flags.DEFINE_string('mesh', 'v5p-64 (32)', 'The rows\' mesh.')
 _PROMPTS = flags.DEFINE_integer('prompts', 128, 'Prompts a step (recipe).')
@@ -63,7 +63,7 @@ _VARIANT = flags.DEFINE_string(
     'variant', '64 rows, an index a row',
     "The sampler plan's variant for the decode and "
     "sync rows (e.g. '32 rows' with --sampler="
-    'docs/results/plan_rollout_rows_2026-12-06/plan/results.json, from '
+    'docs/results/archive/plan_rollout_rows_2026-12-06/plan/results.json, from '
     'configs/plan.py:qwen3_30b_a3b_rollout_rows).')
 _OUT = flags.DEFINE_string('out', '', 'Writes model.json here if set.')
 

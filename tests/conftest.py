@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config, items):
   so each test is sent on its own (pytest-dev/pytest-xdist#1386; checked
   on a file of 4 tests, grouped under pytest 9.1.1); tests that must share
   a fixture are one test. Sending each file whole instead, `--dist
-  loadfile`, was no faster: docs/results/test_suite_2026-12-07b.) Now
+  loadfile`, was no faster: docs/results/archive/test_suite_2026-12-07b.) Now
   they start first, then the files of full cascades, then the rest, each
   in collected order (a stable sort).
   """

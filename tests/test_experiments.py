@@ -218,7 +218,7 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
   # Another sampler variant of rows a chip: its decode rounds, the same
   # prefill work per row (the learner plan's 256-row prefill, 8 of them).
   plan = [dict(r, variant='16 rows', tokens=512) for r in json.load(open(
-      os.path.join(_ROOT, 'docs/results/plan_layer_arrays_2026-12-05/plan/'
+      os.path.join(_ROOT, 'docs/results/plan/decode_layer_arrays_2026-12-05/plan/'
                    'results.json'))) if r['mesh'] == 'v5p-64 (32)']
   (tmp_path / 'rows.json').write_text(json.dumps(plan))
   subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',
@@ -230,7 +230,7 @@ def test_decoupled_model_adds_the_plans_phases(tmp_path):
   assert v['generation_s'] == pytest.approx(
       (8 * v['prefill_ms'] + 4 * 8192 * v['decode_ms']) / 1e3)
   # The default: the plan's 64 rows a chip (2,048 on v5p-64), one round,
-  # decoding with an index a row (docs/results/plan_row_index_2026-12-07).
+  # decoding with an index a row (docs/results/plan/row_index_2026-12-07).
   assert (p['rounds'], p['prefills'], p['decode_rows']) == (1, 8, 2048)
   with pytest.raises(subprocess.CalledProcessError) as e:
     subprocess.run([sys.executable, '-m', 'experiments.decoupled_model',

@@ -264,7 +264,7 @@ def test_a_long_cache_is_read_in_written_blocks_with_the_same_samples():
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
   # The default reads the whole cache (the written blocks ran slower on
-  # the CPU: docs/results/decode_cache_2026-12-03), or the CPU kernel.
+  # the CPU: docs/results/perf/decode_cache_2026-12-03), or the CPU kernel.
   jax.clear_caches()
   ops.reset_selected()
   with ops.forced(argmax='xla', moe_decode='xla'):

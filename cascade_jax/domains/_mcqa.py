@@ -7,7 +7,7 @@ is 1 when the letter read from the response is the gold one, else 0.
 
 How a letter is read (written here from the server's documentation and
 test cases; its own verify agrees on 4,000 generated cases,
-docs/results/verifier_agreement_2026-12-05):
+docs/results/checks/verifier_agreement_2026-12-05):
 - `template_metadata.output_regex`, when present, first: the patterns in
   order, case-insensitive, the last match of the first pattern that gives
   an answer; its capture (letters of other scripts mapped to A-D first) is

@@ -19,7 +19,7 @@ far and the action the expert took next:
 
 Written from the server's documentation and tests, then checked against
 its own comparator on generated actions (and corrected where they differed:
-docs/results/verifier_agreement_2026-12-05):
+docs/results/checks/verifier_agreement_2026-12-05):
 
 - The response's action: its function calls, if any (all of them, in
   order: one call or a batch), else its first assistant text (a message),

@@ -7,7 +7,7 @@
 // registers a vector). The kernels' register blocks are sized in kV
 // vectors for each (kRegisterVectors): 16-float vectors on AVX2 were two
 // registers each, and the blocks spilled (the kernels ran 2-5 x slower than
-// XLA there, docs/results/cpu_kernels_2026-12-03).
+// XLA there, docs/results/archive/cpu_kernels_2026-12-03).
 
 #ifndef CASCADE_JAX_KERNELS_CPU_COMMON_H_
 #define CASCADE_JAX_KERNELS_CPU_COMMON_H_

@@ -6,7 +6,7 @@ layer's slice of a stacked array and hands it to an operation that needs a
 buffer of its own (on TPU, an operand of the MoE layer's `lax.cond`) copies
 it, every call: Qwen3-30B-A3B's compiled decode step (v5p-64) accessed
 19.58 GB of HBM a chip against 12.97 GB of arguments, 14.51 GB with the
-weights passed one array per layer (docs/results/plan_decode_bytes_2026-12-05).
+weights passed one array per layer (docs/results/archive/plan_decode_bytes_2026-12-05).
 
 `LayerArrays` is that layout as a value a variable can hold in place of its
 [L, ...] array: a pytree of L arrays (or ShapeDtypeStructs, shardings,

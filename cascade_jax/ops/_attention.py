@@ -495,7 +495,7 @@ def cache_attention(q_btnh, k_new_btkh, v_new_btkh, cache_k_bkhs, cache_v_bksh,
     written = 'a per-row write index (continuous batching) has no one written length'
   # 'xla_written' only when forced (--config.ops=cache_attention=xla_written):
   # on this CPU it ran 8 x slower than the whole-cache read at 4,096 slots
-  # (docs/results/decode_cache_2026-12-03); unmeasured on accelerators.
+  # (docs/results/perf/decode_cache_2026-12-03); unmeasured on accelerators.
   pallas = _pallas_ok(cache_k_bkhs, q_btnh)
   name = _registry.pick(
       'cache_attention', [('pallas', pallas), ('cpu_kernel', kernel),

@@ -57,7 +57,7 @@ def tpu_tiles(m: int, k: int, n: int) -> tuple[int, int, int] | None:
   tile_m rows and the rows again for every tile_n columns, and for shapes
   outside its tuned table it takes 128 x 128 x 128 tiles: at 30B a
   prefill's 262,144-row buffers read each expert's weights 2,048 times and
-  the rows 6 times a matmul (docs/results/plan_prefill_tiles_2026-12-05).
+  the rows 6 times a matmul (docs/results/plan/prefill_tiles_2026-12-05).
   Here rows go 512 at a time and k and n whole up to 1,024 (else in 512 /
   1,024 blocks), as the table's entries for Qwen3's expert shapes do with
   rows 512 - 1,024: at most about 10 MB of VMEM, double-buffered. The

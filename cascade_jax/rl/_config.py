@@ -73,7 +73,7 @@ class RLConfig:
   # lengthen as it learns grows its rows step by step, one compile of the
   # update each (the main job's SWE-agent RL: 40, 48, 56, 64); starting at
   # the largest compiles once, and pays for the larger rows at every step
-  # (there the two cancelled: docs/results/main_job_refill_shapes_2026-12-05).
+  # (there the two cancelled: docs/results/archive/main_job_refill_shapes_2026-12-05).
   pack_rows: int = 0
   # The MoE capacity of the stage's first update (the capacity path under
   # replayed routing, `model.exact_dispatch`) fits this much more load than
@@ -174,7 +174,7 @@ class RLConfig:
   # row at once. On a pod the first fill's activations (rows x prompt
   # tokens) can need far more memory than the decode loop: the 30B plan's
   # 32 rows a chip prefill at 60 GB, decode at 37
-  # (docs/results/plan_prefill_rows_2026-12-07).
+  # (docs/results/archive/plan_prefill_rows_2026-12-07).
   prefill_rows: int = 0
   # Continuous batching of a step's episodes (`run_episodes(slots=...)`,
   # on a mesh as `sample_slots`): `episode_slots` episodes play at a time,
@@ -206,7 +206,7 @@ class RLConfig:
     sampler's programs (attention over the cache, one token a step) and
     the learner's (fused attention over the sequence) round differently:
     on an H200 in bf16, mean |d log p| 0.0075 on identical weights
-    (docs/results/gpu_h200_2026-12-04), which the loss then corrects."""
+    (docs/results/gpu/h200_2026-12-04), which the loss then corrects."""
     exact = (jnp.dtype(self.sampler_dtype).itemsize >=
              jnp.dtype(learner_dtype).itemsize and
              jnp.dtype(compute_dtype).itemsize >= 4 and not self.max_staleness)

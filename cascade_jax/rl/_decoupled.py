@@ -381,7 +381,7 @@ class ThreadRollouts(Ahead):
       # Each process's two threads would launch their programs in an order
       # of their own, and a collective program launched in different
       # orders on different hosts can wait forever; on disjoint meshes too,
-      # on the CPU's gloo collectives (docs/results/decoupled_2026-12-06/
+      # on the CPU's gloo collectives (docs/results/perf/decoupled_2026-12-06/
       # multihost_probe: two threads' all-reduces on two meshes hung).
       raise ValueError(
           "rl.rollout_worker='thread' runs in one process: on a run of "

@@ -22,15 +22,15 @@ arrays.
   attention's input projections with the embed axis minor, which the
   decode step's matmuls otherwise re-lay out from the learner's layout on
   every step (Qwen3-30B-A3B at 32 chips: 35.4 -> 30.6 GB of HBM accessed
-  a decode step, docs/results/plan_decode_layouts_2026-12-04).
+  a decode step, docs/results/archive/plan_decode_layouts_2026-12-04).
 - in memory, each stacked layer weight as one array per layer
   (`model.LayerArrays`): a program then reads a layer's weights as a
   buffer of their own, where XLA copies a slice of a stacked array out
   wherever an operation needs one (on TPU the MoE layer's conditional;
   Qwen3-30B-A3B's decode step 19.58 -> 14.51 GB of HBM a chip,
-  docs/results/plan_decode_bytes_2026-12-05; XLA:CPU at every decode
+  docs/results/archive/plan_decode_bytes_2026-12-05; XLA:CPU at every decode
   step, so on the CPU the sync always splits a layer group deeper than
-  one: docs/results/sampler_layer_arrays_cpu_2026-12-05).
+  one: docs/results/archive/sampler_layer_arrays_cpu_2026-12-05).
 A sampler in a process of its own (`rl.rollout_worker='process'`,
 `rl._decoupled`) is sent this copy as host arrays after each update, one
 array a layer.
@@ -145,7 +145,7 @@ def splits_always(cfg: model_lib.ModelConfig, platform: str) -> bool:
   nothing else would be copied: on the CPU, for a model with a layer group
   stacked deeper than one, so that it reads each layer's weights as arrays
   of their own (1.05 x a batch-64 generation, 1.3 x at batch 1, the same
-  tokens: docs/results/sampler_layer_arrays_cpu_2026-12-05)."""
+  tokens: docs/results/archive/sampler_layer_arrays_cpu_2026-12-05)."""
   return platform == 'cpu' and model_lib.layered(cfg)
 
 
@@ -163,7 +163,7 @@ def sync_fn(target, formats=None, *, layer_arrays: bool = True):
   as a buffer of their own, where a slice of a stacked array is copied
   wherever an operation needs one (on TPU, the MoE layer's conditional:
   Qwen3-30B-A3B's decode step 19.58 -> 14.51 GB of HBM a chip,
-  docs/results/plan_decode_bytes_2026-12-05). `sampler_tree` is its output.
+  docs/results/archive/plan_decode_bytes_2026-12-05). `sampler_tree` is its output.
   """
   def leaf(x, t):
     if (jnp.issubdtype(x.dtype, jnp.floating) and

@@ -258,7 +258,7 @@ def generate_continuous(model: nnx.Module, prompts: Sequence[Sequence[int]],
       free row at once. A prefill's activations grow with its rows x prompt
       width, the decode loop's with the rows' caches only: on a pod the
       first fill of every slot can need far more memory than the decode
-      (docs/results/plan_prefill_rows_2026-12-07). Chunks of fewer rows
+      (docs/results/archive/plan_prefill_rows_2026-12-07). Chunks of fewer rows
       bound that peak at the price of more, smaller prefills; the samples
       are the same.
 

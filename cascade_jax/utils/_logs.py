@@ -33,7 +33,7 @@ def enable_compilation_cache() -> str | None:
   `jax.clear_caches`. Loading one is a file read. Side by side on a 2-core
   Xeon (`pytest -n 2`): three test files 333 s against 373 and 384 s at
   0.5 s, six files 618 s against 631 s, the latter within the machine's
-  drift (docs/results/compile_2026-12-06).
+  drift (docs/results/perf/compile_2026-12-06).
   """
   path = os.environ.get(CACHE_ENV, '')
   if path.strip().lower() in ('0', 'off', 'false'):

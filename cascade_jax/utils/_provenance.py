@@ -33,7 +33,7 @@ def cpu_model() -> str:
 def vector_isa() -> str:
   """The widest x86 vector extension the CPU reports ('avx512', 'avx2',
   'sse'), else the machine's architecture: the CPU kernels' register blocks
-  and speed differ by it (docs/results/cpu_kernels_2026-12-07_avx2)."""
+  and speed differ by it (docs/results/perf/cpu_kernels_avx2_2026-12-07)."""
   try:
     with open('/proc/cpuinfo') as f:
       flags = next((line.split(':', 1)[1].split() for line in f

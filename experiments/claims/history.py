@@ -40,7 +40,11 @@ from experiments.claims import verdicts
 
 # Result folders that moved, old prefix -> new prefix: a rule file written
 # before the move names the old paths (see `_same_rule`).
-MOVED: dict[str, str] = {}
+MOVED = {'docs/results/claims_<date>/': 'docs/results/claims/<date>/',
+         'docs/results/claims_*/': 'docs/results/claims/*/',
+         **{f'docs/results/claims_{d}/': f'docs/results/claims/{d}/'
+            for d in ('2026-12-02', '2026-12-03', '2026-12-04', '2026-12-05',
+                      '2026-12-06', '2026-12-07')}}
 
 
 def _git(root: str, *args: str) -> str:
@@ -69,8 +73,9 @@ class _Files:
 
 def _files(root: str) -> _Files:
   """One pass over the repository's history, renames followed."""
-  out = _git(root, 'log', '--reverse', '-M', '--name-status',
-             '--format=@%H %ct')
+  # No limit on rename detection: one commit moved every result folder.
+  out = _git(root, '-c', 'diff.renameLimit=0', 'log', '--reverse', '-M',
+             '--name-status', '--format=@%H %ct')
   origin, path_at, order, when = {}, {}, {}, {}
   commit = None
   for line in out.splitlines():
