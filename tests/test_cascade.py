@@ -137,8 +137,12 @@ def test_quick_cascade_end_to_end_skips_finished_stages(tmp_path, capsys,
   c.stages.mopd.data.domain = 'math,instruction_following,preference'
   records = cascade.run(c, str(tmp_path))
   assert [r['name'] for r in records] == names
+  # The run's CPU kernels, recorded for its resumes (tests/test_kernels.py).
+  kept = json.load(open(tmp_path / 'cpu_kernels.json'))['kernels']
   for r in records:
     assert os.path.exists(tmp_path / r['name'] / 'stage.json')
+    assert json.load(open(tmp_path / r['name'] / 'cpu_kernels.json'))[
+        'kernels'] == kept, r['name']
     # Each stage's directory holds its own runner config: the cascade's
     # seed, and the stage it started from.
     cfg = json.load(open(tmp_path / r['name'] / 'config.json'))

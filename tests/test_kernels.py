@@ -1,5 +1,6 @@
 """The CPU MoE kernel (cascade_jax.kernels): equal to the dense path, deterministic, and its fallbacks."""
 
+import json
 import os
 import shutil
 
@@ -276,3 +277,26 @@ def test_argmax_equals_jnp_argmax(shape):
     flat[3, -1] = 100.0                       # the very last element
   np.testing.assert_array_equal(jax.jit(kernels.argmax)(x),
                                 jnp.argmax(x, axis=-1))
+
+
+def test_a_run_keeps_the_cpu_kernels_it_started_with(tmp_path, monkeypatch):
+  # A run records the kernels it used; resumed, it runs them again whatever
+  # today's setting would pick, and an explicit setting that contradicts
+  # its record is refused by name (it would change the run's numbers).
+  run = str(tmp_path)
+  monkeypatch.setenv(kernels.DISABLE_ENV, '0')
+  assert ops.keep_run_kernels(run) == dict.fromkeys(ops.CPU_KERNEL_OPS, False)
+  with open(os.path.join(run, 'cpu_kernels.json')) as f:
+    assert set(json.load(f)) == {'kernels', 'machine', 'vector_isa'}
+  monkeypatch.setenv(kernels.DISABLE_ENV, 'auto')        # resumed: kept
+  assert ops.keep_run_kernels(run) == dict.fromkeys(ops.CPU_KERNEL_OPS, False)
+  assert os.environ[kernels.DISABLE_ENV] == '0'          # its processes too
+  assert ops.cpu_kernels_in_use() == dict.fromkeys(ops.CPU_KERNEL_OPS, False)
+  with open(os.path.join(run, 'cpu_kernels.json'), 'w') as f:
+    json.dump(dict(kernels=dict(moe_decode=True), machine='m'), f)
+  monkeypatch.setenv(kernels.DISABLE_ENV, '0')
+  with pytest.raises(ValueError, match="used the CPU kernels 'moe_decode'"):
+    ops.keep_run_kernels(run)
+  monkeypatch.setenv(kernels.DISABLE_ENV, 'argmax,nope')
+  with pytest.raises(ValueError, match='a list of the kernels to run'):
+    ops.cpu_kernels_in_use()

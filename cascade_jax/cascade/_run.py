@@ -101,12 +101,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   if train.is_main_process():
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       f.write(config.to_json_best_effort(indent=2))
+  # The run's CPU kernels (calibrated here first, if at all: the timing
+  # must not share the CPU with an evaluation process), kept on resume and
+  # passed to the processes it starts.
+  ops.keep_run_kernels(workdir)
   evals = eval_sets(config)
   records = {}
   t_start = time.perf_counter()
   scoring = _scoring.make(config, evals)
-  if isinstance(scoring, _scoring.ProcessScoring):
-    _settle_cpu_kernels()
 
   def finish(name: str, trained: dict, result: dict) -> None:
     rec = dict(trained, eval_s=result['eval_s'],
@@ -195,16 +197,6 @@ def _merged(a: dict[str, list[str]], b: dict[str, list[str]]
   """Two `ops.selected()` tables as one."""
   return {op: sorted(set(a.get(op, ())) | set(b.get(op, ())))
           for op in sorted(set(a) | set(b))}
-
-
-def _settle_cpu_kernels() -> None:
-  """The CPU kernels' calibration, here and first: it times the sampler's
-  decode step, which an evaluation process running beside this one would
-  slow, and both processes must make the same choice (it is cached)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.default_backend() == 'cpu':
-    for op in ops.CPU_KERNEL_OPS:
-      ops.cpu_kernel_enabled(op)
 
 
 def rerun_stage(config: ml_collections.ConfigDict, run_dir: str, name: str,

@@ -34,6 +34,8 @@ from cascade_jax.ops._collectives import expert_exchange
 from cascade_jax.ops._collectives import ragged_all_to_all
 from cascade_jax.ops._cpu import calibration as cpu_kernel_calibration
 from cascade_jax.ops._cpu import KERNEL_OPS as CPU_KERNEL_OPS
+from cascade_jax.ops._cpu import in_use as cpu_kernels_in_use
+from cascade_jax.ops._cpu import keep_run_kernels
 from cascade_jax.ops._cpu import kernel_enabled as cpu_kernel_enabled
 from cascade_jax.ops._cpu import register_decode_benchmark
 from cascade_jax.ops._decode import argmax

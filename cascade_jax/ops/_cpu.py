@@ -6,7 +6,7 @@ one MoE decode step at batch 64, 6,880 us against 1,470 us), on an AVX-512
 machine up to 2x faster. Their vectors and register blocks are now the
 machine's (`cpu_common.h`), and on that AVX2 EPYC the sampler's step is
 1.7-1.8 x faster with them than without
-(docs/results/cpu_kernels_2026-12-07_avx2); still, a machine can differ.
+(docs/results/perf/cpu_kernels_avx2_2026-12-07); still, a machine can differ.
 So, per kernel, CASCADE_JAX_CPU_KERNELS says:
 
 - unset or 'auto' (the default): a calibration, run once per machine and
@@ -15,11 +15,14 @@ So, per kernel, CASCADE_JAX_CPU_KERNELS says:
   the kernels on, and keeps the fastest at decode batch 64 if it beats no
   kernels by at least 10 % there and is no slower at batch 8 (`_measure`);
 - '1': every kernel that builds (tests, benchmarks);
-- '0': none: XLA's ops alone, the path accelerator users run.
+- '0': none: XLA's ops alone, the path accelerator users run;
+- a comma-separated list of ops ('moe_decode,argmax'): those kernels.
 
 The decision is printed once per process, one line, with the figures.
-Because it is cached, it is the same in a resumed run as in the run that
-was killed (the kernels and XLA round differently).
+A run records the kernels it used in its directory (`RECORD`,
+`keep_run_kernels`), and a resumed run keeps them, whatever today's
+calibration would say: the kernels and XLA round differently, so another
+choice would make the resumed run end elsewhere.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ _CALIBRATION_VERSION = 4
 
 
 def mode() -> str:
-  """'auto', 'on' or 'off', from CASCADE_JAX_CPU_KERNELS."""
+  """'auto', 'on', 'off' or 'list' (`listed()`), from CASCADE_JAX_CPU_KERNELS."""
   v = os.environ.get(ENV, 'auto').strip().lower()
   if v in ('', 'auto'):
     return 'auto'
@@ -54,7 +57,15 @@ def mode() -> str:
     return 'on'
   if v in ('0', 'off', 'false'):
     return 'off'
-  raise ValueError(f'{ENV}={v!r}: use auto (the default), 1 or 0')
+  if set(v.split(',')) <= set(KERNEL_OPS):
+    return 'list'
+  raise ValueError(f'{ENV}={v!r}: use auto (the default), 1, 0 or a list of '
+                   f'the kernels to run ({",".join(KERNEL_OPS)})')
+
+
+def listed() -> frozenset:
+  """The kernels CASCADE_JAX_CPU_KERNELS lists (mode 'list')."""
+  return frozenset(os.environ.get(ENV, '').strip().lower().split(','))
 
 
 def kernel_enabled(op: str) -> bool | str:
@@ -82,6 +93,8 @@ def _kernel_enabled(op: str) -> bool | str:
     return 'the CPU kernels did not build here (see the message above)'
   if m == 'on' or _registry.forced_choice(op) == 'cpu_kernel':
     return True
+  if m == 'list':
+    return True if op in listed() else f'{ENV} does not list it'
   verdict = calibration()[op]
   return True if verdict['use'] else (
       f"slower than XLA here (calibrated: kernel {verdict['kernel_us']} us "
@@ -225,3 +238,56 @@ def calibration() -> dict:
   logging.info(msg)
   return result
 
+
+# ----------------------------------------------------- a run's own choice
+
+RECORD = 'cpu_kernels.json'
+
+
+def in_use() -> dict[str, bool] | None:
+  """op -> whether its CPU kernel runs in this process (None off the CPU)."""
+  if _registry.backend() != 'cpu':
+    return None
+  return {op: _kernel_enabled(op) is True for op in KERNEL_OPS}
+
+
+def _spec(kernels_on: dict[str, bool]) -> str:
+  on = [op for op in KERNEL_OPS if kernels_on.get(op)]
+  return ','.join(on) if on else '0'
+
+
+def keep_run_kernels(workdir: str) -> dict[str, bool] | None:
+  """The CPU kernels of the run in `workdir`, this process pinned to them.
+
+  A run started here records the kernels this process uses (`RECORD`: the
+  choice, and the machine it was made on); a run resumed here reads its
+  record and keeps it. Either way CASCADE_JAX_CPU_KERNELS is set to the
+  choice, so that it does not change within the run and every process the
+  run starts (its evaluation and sampler processes) makes it too. An
+  explicit CASCADE_JAX_CPU_KERNELS that contradicts a run's record is an
+  error: it would change the resumed run's numbers. None off the CPU.
+  """
+  if _registry.backend() != 'cpu':
+    return None
+  path = os.path.join(workdir, RECORD)
+  if os.path.exists(path):
+    with open(path) as f:
+      rec = json.load(f)
+    kept = {op: bool(rec['kernels'].get(op)) for op in KERNEL_OPS}
+    if mode() != 'auto' and in_use() != kept:
+      raise ValueError(
+          f'{path}: this run used the CPU kernels {_spec(kept)!r} '
+          f"({rec.get('machine', '?')}); {ENV}="
+          f'{os.environ.get(ENV)!r} would run others and change its '
+          f'numbers: unset it to resume, or start another workdir')
+    os.environ[ENV] = _spec(kept)
+    return kept
+  kept = in_use()
+  os.environ[ENV] = _spec(kept)
+  if jax.process_index() == 0:
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'w') as f:
+      json.dump(dict(kernels=kept, machine=utils.cpu_model(),
+                     vector_isa=utils.vector_isa()), f, indent=1)
+    os.replace(tmp, path)
+  return kept

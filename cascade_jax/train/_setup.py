@@ -42,6 +42,7 @@ from flax import nnx
 from cascade_jax import checkpoint
 from cascade_jax import metrics as metrics_lib
 from cascade_jax import model as model_lib
+from cascade_jax import ops
 from cascade_jax import sharding
 from cascade_jax.train import _restore
 from cascade_jax.train import _state
@@ -134,6 +135,8 @@ class Setup:
         del saved['root']
       with open(os.path.join(workdir, 'config.json'), 'w') as f:
         f.write(saved.to_json_best_effort(indent=2))
+    # The run's CPU kernels: a resumed run keeps those it started with.
+    ops.keep_run_kernels(workdir)
     ctx = mesh_ctx(config, devices)
     ckpt = checkpoint.Checkpointer(
         os.path.join(workdir, 'checkpoints'),

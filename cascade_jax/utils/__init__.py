@@ -12,4 +12,6 @@ from cascade_jax.utils._logs import quiet_logs
 from cascade_jax.utils._distributed import cluster_environment
 from cascade_jax.utils._distributed import initialize as initialize_distributed
 from cascade_jax.utils._process import stop_process
+from cascade_jax.utils._provenance import cpu_model
 from cascade_jax.utils._provenance import provenance
+from cascade_jax.utils._provenance import vector_isa
