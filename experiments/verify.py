@@ -11,8 +11,12 @@ code: the sandbox, stdin / stdout tests as LiveCodeBench runs them;
 workplace assistant: the state its calls leave in the tables of
 --workplace_db, which the rows do not carry).
 Every row is read and checked before any is verified: a malformed one stops
-the run naming its file, line and field, and nothing is written. The table
-at the end gives each kind's rows and mean reward with its standard error.
+the run naming its file, line and field, and nothing is written. A row
+whose checkers need data that is not installed (IFBench's
+`ratio:stop_words` and `words:start_verb`: nltk's stopwords and tagger) is
+written with its reason and no reward, the others verified, and the
+command that installs the data is printed. The table at the end gives each
+kind's rows and mean reward with its standard error.
 """
 
 import dataclasses
@@ -43,14 +47,18 @@ _WORKPLACE_DB = flags.DEFINE_string(
 
 
 def summary(rows: list[dict], kinds: list[str]) -> str:
-  """Per kind: rows, mean reward and its standard error, as a table."""
-  lines = [f"{'kind':<24}{'rows':>6}{'reward':>10}{'se':>8}"]
+  """Per kind: rows verified, mean reward and its standard error, and rows
+  not verified, as a table."""
+  lines = [f"{'kind':<24}{'rows':>6}{'reward':>10}{'se':>8}{'skipped':>9}"]
   for kind in sorted(set(kinds)):
-    r = [row['reward'] for row, k in zip(rows, kinds) if k == kind]
-    mean = sum(r) / len(r)
+    r = [row['reward'] for row, k in zip(rows, kinds)
+         if k == kind and row['reward'] is not None]
+    skipped = sum(row['reward'] is None for row, k in zip(rows, kinds)
+                  if k == kind)
+    mean = sum(r) / len(r) if r else float('nan')
     se = (math.sqrt(sum((x - mean) ** 2 for x in r) / (len(r) - 1) / len(r))
           if len(r) > 1 else float('nan'))
-    lines.append(f'{kind:<24}{len(r):>6}{mean:>10.3f}{se:>8.3f}')
+    lines.append(f'{kind:<24}{len(r):>6}{mean:>10.3f}{se:>8.3f}{skipped:>9}')
   # Why the rows earned what they did, where the verifier says (tool use:
   # its category; code: the first failure's kind).
   why = {}
@@ -90,6 +98,13 @@ def verify_file(rows_path: str, out_path: str, *, workers: int = 1,
       f.write(json.dumps(row, ensure_ascii=False) + '\n')
   os.replace(tmp, out_path)
   print(summary(out, [r.kind for r in rows]))
+  skipped = [row for row in out if row['reward'] is None]
+  if skipped:
+    need = nemo_gym.missing_data(rows)
+    print(f'{len(skipped)} row(s) not verified: their checkers need data '
+          'that is not installed here (each written with its reason, '
+          "verifier_details.skipped, and reward null). Install it and run "
+          'again:\n  python -m nltk.downloader ' + ' '.join(need))
   return out
 
 

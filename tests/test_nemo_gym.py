@@ -165,6 +165,36 @@ def test_instruction_ids_that_cannot_be_checked_are_refused_by_name(
           "or IF-RLVR registry'}") in res.stderr, res.stderr[-2000:]
 
 
+def test_rows_that_need_uninstalled_checker_data_are_set_aside(
+    tmp_path, monkeypatch):
+  # IFBench's ratio:stop_words needs nltk's stopwords: where they are not
+  # installed its rows are written back unverified, with the reason, and
+  # the others verified; verify prints the command that installs the data.
+  from cascade_jax.domains import _if_registry  # pylint: disable=g-import-not-at-top
+  _if_registry.registry()
+  if 'ratio:stop_words' not in _if_registry.UNAVAILABLE:   # installed here
+    monkeypatch.setitem(_if_registry.UNAVAILABLE, 'ratio:stop_words',
+                        'needs nltk stopwords (not installed)')
+  first = json.loads(open(IF_ROWS).readline())
+  row = json.loads(open(IF_ROWS).readline())
+  row['verifier_metadata']['instruction_id_list'][0] = 'ratio:stop_words'
+  path = _bad_file(tmp_path, [first, row, first])
+  rows = nemo_gym.read_rows(str(path))
+  out = nemo_gym.verify_rows(rows)
+  assert [r['reward'] is None for r in out] == [False, True, False]
+  assert out[1]['verifier_details'] == {
+      'skipped': 'ratio:stop_words: needs nltk stopwords (not installed)'}
+  assert out[0]['reward'] == out[2]['reward'] is not None
+  assert nemo_gym.missing_data(rows) == ['stopwords']
+  monkeypatch.undo()
+  if 'ratio:stop_words' in _if_registry.UNAVAILABLE:   # verify's own words
+    res = _verify(path, tmp_path / 'out.jsonl')
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert 'python -m nltk.downloader stopwords' in res.stdout, res.stdout
+    written = [json.loads(l) for l in open(tmp_path / 'out.jsonl')]
+    assert [r['reward'] is None for r in written] == [False, True, False]
+
+
 def test_response_text_reads_output_text_and_skips_reasoning():
   row = nemo_gym.parse_row(_math(response={'output': [
       {'type': 'reasoning', 'summary': [{'type': 'summary_text',

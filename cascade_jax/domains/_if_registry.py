@@ -18,7 +18,8 @@ NLTK_DATA) the reference path runs unchanged; where it is not:
   `_if_rlvr.TOKENISED`) uses nltk's own word tokenizer over those
   sentences: the same tokens but where the sentence split differs;
 - `ratio:stop_words` (stopword list) and `words:start_verb` (POS tagger)
-  cannot run: rows that need them are refused, named (`UNAVAILABLE`).
+  cannot run (`UNAVAILABLE`): a data set's rows that need them are set
+  aside with that reason, and `NLTK_DATA` names what installs them.
 
 `DIFFERS` names the instructions on a fallback. The IFBench module's own
 attempt to download its data at import is turned off (no network).
@@ -34,6 +35,10 @@ from cascade_jax.domains import _if_rlvr
 
 # Instruction id -> why it cannot run here (filled by `registry`).
 UNAVAILABLE: dict[str, str] = {}
+# Instruction id -> the nltk data it needs that is not always installed:
+# `python -m nltk.downloader <names>` installs them.
+NLTK_DATA = {'ratio:stop_words': 'stopwords',
+             'words:start_verb': 'averaged_perceptron_tagger_eng'}
 # Instruction id -> how it differs from the reference here.
 DIFFERS: dict[str, str] = {}
 

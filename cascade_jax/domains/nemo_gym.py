@@ -543,8 +543,12 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
                 workplace_db: str = '') -> list[dict]:
   """Each rollout row as read, with `reward` and the verifier's details
   (`verifier_details`), in order. Rows of a kind not verifiable here are
-  refused before any work, named."""
-  refused = [(r, bad) for r in rows if r.kind == 'instruction_following'
+  refused before any work, named. A row whose instructions need checker
+  data that is not installed (`unverifiable`) is not verified: it comes
+  back with `reward` None and `verifier_details.skipped`, the reason."""
+  skipped = unverifiable(rows)
+  refused = [(r, bad) for i, r in enumerate(rows)
+             if r.kind == 'instruction_following' and i not in skipped
              and (bad := _if_registry.unknown_ids(
                  r.fields['instruction_id_list'], r.fields['kwargs']))]
   if refused:
@@ -553,24 +557,62 @@ def verify_rows(rows: Sequence[Row], *, sandbox: Sandbox | None = None,
         f'{refused[0][0].where} (and {len(refused) - 1} more rows): '
         f'instructions that cannot be checked here: '
         f'{dict(sorted(ids.items())[:12])}{" ..." if len(ids) > 12 else ""}')
-  texts = [response_text(r) for r in rows]      # every row checked first
-  if any(r.kind == 'workplace' for r in rows):   # its tables, before work
-    workplace_db = _workplace.find_db(workplace_db)
-    _workplace.load(workplace_db)
-  sandbox = sandbox or (Sandbox(TEST_LIMITS, workers=workers)
-                        if any(r.kind == 'code' for r in rows) else None)
-
   out: list[dict | None] = [None] * len(rows)
-  done = 0
+  for i, why in skipped.items():
+    out[i] = dict(rows[i].raw, reward=None,
+                  verifier_details=dict(skipped=why))
+  todo = [i for i in range(len(rows)) if i not in skipped]
+  done = len(skipped)
 
-  def finish(i, reward, details, extra=None):
+  def finish(j, reward, details, extra=None):
     nonlocal done
+    i = todo[j]
     out[i] = dict(rows[i].raw, reward=reward, **(extra or {}),
                   verifier_details=details)
     done += 1
     if progress:
       progress(done, len(rows))
 
+  _verify([rows[i] for i in todo], finish, sandbox=sandbox, workers=workers,
+          workplace_db=workplace_db)
+  return out
+
+
+def unverifiable(rows: Sequence[Row]) -> dict[int, str]:
+  """{row index: why} for the instruction-following rows whose checkers
+  need data that is not installed here (`_if_registry.NLTK_DATA`)."""
+  _if_registry.registry()           # fills UNAVAILABLE
+  out = {}
+  for i, r in enumerate(rows):
+    if r.kind != 'instruction_following':
+      continue
+    need = [iid for iid in r.fields['instruction_id_list']
+            if iid in _if_registry.UNAVAILABLE]
+    if need:
+      out[i] = '; '.join(f'{iid}: {_if_registry.UNAVAILABLE[iid]}'
+                         for iid in need)
+  return out
+
+
+def missing_data(rows: Sequence[Row]) -> list[str]:
+  """The nltk data sets the rows' unverifiable instructions need."""
+  _if_registry.registry()
+  return sorted({_if_registry.NLTK_DATA[iid] for r in rows
+                 if r.kind == 'instruction_following'
+                 for iid in r.fields['instruction_id_list']
+                 if iid in _if_registry.UNAVAILABLE
+                 and iid in _if_registry.NLTK_DATA})
+
+
+def _verify(rows: Sequence[Row], finish, *, sandbox, workers, workplace_db):
+  """Rewards the rows, `finish(j, reward, details, extra)` for row j."""
+  if not rows:
+    return
+  texts = [response_text(r) for r in rows]      # every row checked first
+  if any(r.kind == 'workplace' for r in rows):   # its tables, before work
+    workplace_db = _workplace.find_db(workplace_db)
+    _workplace.load(workplace_db)
+  sandbox = sandbox or (Sandbox(TEST_LIMITS, workers=workers)
+                        if any(r.kind == 'code' for r in rows) else None)
   reward_all([(r.kind, r.fields) for r in rows], texts, sandbox=sandbox,
              workers=workers, finish=finish, workplace_db=workplace_db)
-  return out
