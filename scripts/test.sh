@@ -7,6 +7,13 @@
 # kernels: only off; none: only on; some: both). Extra arguments go to
 # pytest.
 source "$(dirname "$0")/_setup.sh"
+# One XLA compilation cache for every pytest run below, fresh each time (a
+# laptop and CI start equally cold): CI's kernel loops load what the main
+# run compiled. tests/conftest.py makes one when none is given.
+if [[ -z "${CASCADE_JAX_XLA_CACHE:-}" ]]; then
+  export CASCADE_JAX_XLA_CACHE="$(mktemp -d -t cascade_jax_test_xla_XXXXXX)"
+  trap 'rm -rf "$CASCADE_JAX_XLA_CACHE"' EXIT
+fi
 markers='not slow and not gpu'
 if [[ "${CI:-}" == "true" ]]; then markers='not gpu'; fi
 ruff check --quiet .

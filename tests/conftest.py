@@ -8,6 +8,7 @@ if '--xla_force_host_platform_device_count' not in flags:
       flags + ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+import fcntl
 import gc
 import shutil
 import tempfile
@@ -34,6 +35,19 @@ def pytest_unconfigure(config):
   # which inherits it) removes it.
   if _MADE_CACHE and not hasattr(config, 'workerinput'):
     shutil.rmtree(_MADE_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_kernels_setting():
+  """A run pins CASCADE_JAX_CPU_KERNELS to its kernels (ops.keep_run_kernels)
+  for its processes: a test's run leaves the next test the setting it
+  found."""
+  before = os.environ.get('CASCADE_JAX_CPU_KERNELS')
+  yield
+  if before is None:
+    os.environ.pop('CASCADE_JAX_CPU_KERNELS', None)
+  else:
+    os.environ['CASCADE_JAX_CPU_KERNELS'] = before
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -81,18 +95,37 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=rank)
 
 
-@pytest.fixture(scope='module')
+def shared_run(tmp_path_factory, name: str, build) -> str:
+  """A run directory made once for the whole session, whichever xdist
+  worker asks first: it builds `build(path)` under a file lock while the
+  others wait, then all read it. Tests must not write into it (copy it to
+  continue a run)."""
+  base = tmp_path_factory.getbasetemp()
+  root = base.parent if 'PYTEST_XDIST_WORKER' in os.environ else base
+  path = root / name
+  with open(root / f'{name}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (path / '.built').exists():
+      shutil.rmtree(path, ignore_errors=True)
+      build(str(path))
+      (path / '.built').write_text('')
+  return str(path)
+
+
+@pytest.fixture(scope='session')
 def main_job_sft(tmp_path_factory):
-  """A run directory of the main job's model (configs/sft.py's quick SFT:
-  `small`, its capacity dispatch, fp32) after 6 steps, for the RL tests
-  that run the stage as users do."""
+  """A finished run of the main job's model (configs/sft.py's quick SFT:
+  `small`, its capacity dispatch, fp32) after 6 steps, its checkpoint at
+  step 6: what the RL, judge and SFT-refusal tests start from, as users
+  do. Made once for the session; read-only."""
   import sys  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
       __file__))))
   from cascade_jax import sft  # pylint: disable=g-import-not-at-top
   from configs import sft as sft_config  # pylint: disable=g-import-not-at-top
-  d = str(tmp_path_factory.mktemp('sft'))
-  c = sft_config.get_config('quick')
-  c.steps, c.eval_n = 6, 0
-  sft.run(c, d)
-  return d
+
+  def build(d):
+    c = sft_config.get_config('quick')
+    c.steps, c.eval_n, c.checkpoint_every = 6, 0, 6
+    sft.run(c, d)
+  return shared_run(tmp_path_factory, 'main_job_sft', build)

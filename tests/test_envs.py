@@ -155,8 +155,10 @@ def test_code_that_hangs_or_floods_is_cut_by_the_sandbox(sb, tasks):
     out = convo[-1]['content']
     assert len(out) < 1000, out[:200]
     assert want in out, out[:300]
-    _, step = _play(sb, rec, [_hostile(rec, body), call('submit')])
-    assert step.done and step.reward == 0.0
+  # Submitted, the hidden tests meet the same limits: no reward (one body
+  # of the five: the others stop the same way, as run_tests shows).
+  _, step = _play(sb, rec, [_hostile(rec, 'while True: pass'), call('submit')])
+  assert step.done and step.reward == 0.0
   slow_clock = Sandbox(dataclasses.replace(envs.TOOL_LIMITS, cpu_seconds=1,
                                             wall_seconds=60.0))
   try:
@@ -230,7 +232,7 @@ def test_tool_use_errors_are_observations():
      'non-finite number (NaN)'),
     ('<tool_call>{"name": "add", "arguments": {"a": -Infinity, "b": 1}}'
      '</tool_call>', 'non-finite number (-Infinity)'),
-    # Past float's range: parsed as infinity unless checked (issue 32).
+    # Past float's range: parsed as infinity unless checked.
     ('<tool_call>{"name": "add", "arguments": {"a": 1e999, "b": 1}}'
      '</tool_call>', 'non-finite number (1e999)'),
     ('<tool_call>{"name": "add", "arguments": {"a": -2.5E+400, "b": 1}}'
@@ -309,7 +311,7 @@ def test_flawed_demonstrations_fail_in_the_real_environment(sb, name):
 
 def test_swe_agent_demonstrations_run_in_the_sandbox_not_the_trainer(
     monkeypatch):
-  # The repositories' code ran in this process with exec (issue 32),
+  # The repositories' code ran in this process with exec,
   # changing sys.modules, sys.path and stdout for every thread. A repository
   # that marks the process it runs in: this one stays unmarked, and the
   # demonstrations (the visible tests' report at level 3 included) are the

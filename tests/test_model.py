@@ -9,6 +9,8 @@ from flax import nnx
 from cascade_jax import model
 from cascade_jax.model import _attention
 
+from _jit import call
+
 
 def _tokens(b, t, v=32, seed=1):
   return jax.random.randint(jax.random.key(seed), (b, t), 0, v)
@@ -54,9 +56,9 @@ def test_packed_equals_unpacked(use_rope, dispatch):
   packed = jnp.concatenate([a, b, jnp.zeros(1, jnp.int32)])[None]
   seg = jnp.array([[1, 1, 1, 2, 2, 2, 2, 0]])
   pos = jnp.array([[0, 1, 2, 0, 1, 2, 3, 0]])
-  lp, _ = m(packed, positions_bt=pos, segment_ids_bt=seg)
-  la, _ = m(a[None])
-  lb, _ = m(b[None])
+  lp, _ = call(m, packed, positions_bt=pos, segment_ids_bt=seg)
+  la, _ = call(m, a[None])
+  lb, _ = call(m, b[None])
   np.testing.assert_allclose(lp[0, :3], la[0], atol=1e-5)
   np.testing.assert_allclose(lp[0, 3:7], lb[0], atol=1e-5)
   assert np.isfinite(np.asarray(lp)).all()  # the pad row too
@@ -66,8 +68,8 @@ def test_tied_embeddings_share_the_table():
   cfg = model.tiny(tie_embeddings=True)
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
   assert m.head_dv is None
-  _, info = m(_tokens(1, 4), return_hidden=True)
-  logits, _ = m(_tokens(1, 4))
+  _, info = call(m, _tokens(1, 4), return_hidden=True)
+  logits, _ = call(m, _tokens(1, 4))
   np.testing.assert_allclose(logits, info['hidden'] @ m.embed_vd[...].T,
                              atol=1e-5)
 
@@ -76,14 +78,14 @@ def test_router_info_and_replay():
   cfg = model.tiny(pattern='*E*E')
   m = model.Transformer(cfg, rngs=nnx.Rngs(0))
   toks = _tokens(3, 5)
-  logits, info = m(toks)
+  logits, info = call(m, toks)
   assert info['expert_idx'].shape == (3, 5, 2, 2)   # [B, T, L_moe, k]
   assert info['router']['load'].shape == (2, 4)
   np.testing.assert_allclose(info['router']['load'].sum(-1), 1.0, rtol=1e-6)
-  replayed, _ = m(toks, expert_idx=info['expert_idx'])
+  replayed, _ = call(m, toks, expert_idx=info['expert_idx'])
   np.testing.assert_array_equal(replayed, logits)
   forced = jnp.zeros_like(info['expert_idx']).at[..., 1].set(1)
-  other, info2 = m(toks, expert_idx=forced)
+  other, info2 = call(m, toks, expert_idx=forced)
   np.testing.assert_array_equal(info2['expert_idx'], forced)
   assert not np.allclose(other, logits)
 

@@ -197,7 +197,7 @@ def test_learner_scores_the_tempered_policy_the_sampler_drew_from(setup):
 def test_more_updates_per_batch_are_off_policy_after_the_first(setup):
   tok, cfg, recs = setup
   opt, graph, state = _init(cfg)
-  c = rl.RLConfig(prompts_per_step=4, rollouts_per_prompt=4,
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4,
                   max_new_tokens=8, dynamic_filtering=False,
                   updates_per_batch=2, overlong='none')
   batch, _ = rl.collect(
@@ -243,7 +243,7 @@ def test_every_step_has_the_stream_width_and_compiles_once(setup):
 def test_dynamic_filtering_drops_groups_with_equal_rewards(setup):
   tok, cfg, recs = setup
   opt, graph, state = _init(cfg)
-  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=6,
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=8,
                   max_refill_rounds=1, overlong='none')
   batch, stats = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
@@ -418,7 +418,7 @@ def test_prompt_stream_order_and_resume():
 def test_overlong_responses_are_penalised(setup):
   tok, cfg, recs = setup
   _, graph, state = _init(cfg)
-  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=2,
+  c = rl.RLConfig(prompts_per_step=2, rollouts_per_prompt=4, max_new_tokens=8,
                   dynamic_filtering=False)
   batch, stats = rl.collect(
       nnx.merge(graph, state.params, state.rest), tok, rl.PromptStream(recs),
@@ -435,22 +435,12 @@ import sys  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-posit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import rl as rl_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-from configs import sft as sft_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-
-from cascade_jax import sft  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-@pytest.fixture(scope='module')
-def sft_dir(tmp_path_factory):
-  d = str(tmp_path_factory.mktemp('sft'))
-  c = sft_config.get_config('quick')
-  c.steps, c.eval_n = 6, 0
-  # Dropless experts: sampler, learner and teacher then compute the same
-  # log-probs (capacity drops depend on how many tokens a call sees).
-  c.model.overrides.moe = dict(c.model.overrides.moe.to_dict(),
-                               dispatch='dense')
-  sft.run(c, d)
-  return d
+
+@pytest.fixture
+def sft_dir(main_job_sft):
+  return main_job_sft     # conftest: the main job's model, 6 quick SFT steps
 
 
 def test_grpo_stage_runs_checkpoints_and_resumes(sft_dir, tmp_path):

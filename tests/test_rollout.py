@@ -9,6 +9,8 @@ from flax import nnx
 from cascade_jax import model
 from cascade_jax import rollout
 
+from _jit import call
+
 STOP = 3
 
 
@@ -31,7 +33,7 @@ def _forward_logprobs(m, prompts, out, cfg):
     n = int(out.mask[i].sum())
     seq = p + out.tokens[i, :n].tolist()
     # Right padding to one width (one compile): causal, so it changes nothing.
-    logits, _ = m(jnp.asarray([seq + [0] * (width - len(seq))]))
+    logits, _ = call(m, jnp.asarray([seq + [0] * (width - len(seq))]))
     step = logits[0, len(p) - 1:len(p) - 1 + n]
     if cfg.temperature == 0.0:
       rows.append(np.zeros(n))
@@ -84,10 +86,13 @@ def test_greedy_picks_the_argmax_and_ignores_the_key(policy):
   b = rollout.generate(policy, prompts, cfg=cfg, stop_ids=-1,
                        key=jax.random.key(7))
   np.testing.assert_array_equal(a.tokens, b.tokens)
+  width = max(map(len, prompts)) + a.tokens.shape[1]
   for i, p in enumerate(prompts):
-    logits, _ = policy(jnp.asarray([p + a.tokens[i].tolist()]))
+    seq = p + a.tokens[i].tolist()
+    # Right padding to one width (one compile): causal, so it changes nothing.
+    logits, _ = call(policy, jnp.asarray([seq + [0] * (width - len(seq))]))
     np.testing.assert_array_equal(
-        jnp.argmax(logits[0, len(p) - 1:-1], -1), a.tokens[i])
+        jnp.argmax(logits[0, len(p) - 1:len(seq) - 1], -1), a.tokens[i])
 
 
 def _first_stop(row, stops):
@@ -134,7 +139,7 @@ def test_recorded_experts_are_the_forward_pass_routing(policy):
   out = rollout.generate(policy, prompts, cfg=cfg, stop_ids=-1,
                          record_experts=True)
   seq = jnp.concatenate([jnp.asarray(prompts), out.tokens], 1)
-  _, info = policy(seq)
+  _, info = call(policy, seq)
   # Every position that consumed a token (the last sampled one never did).
   np.testing.assert_array_equal(out.expert_idx[:, :-1],
                                 info['expert_idx'][:, :-1])
@@ -218,8 +223,8 @@ def test_cached_forward_equals_the_full_forward(pattern):
   toks = jax.random.randint(jax.random.key(0), (3, 8), 1, cfg.vocab_size)
   seg = jnp.array([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8, [0, 1, 1, 1, 1, 1, 1, 1]])
   pos = jnp.maximum(jnp.cumsum(seg, 1) - 1, 0)
-  ref, info = m(toks, positions_bt=pos, segment_ids_bt=seg,
-                moe_dispatch='dense')  # small() drops at capacity
+  ref, info = call(m, toks, positions_bt=pos, segment_ids_bt=seg,
+                   moe_dispatch='dense')  # small() drops at capacity
   layouts = rollout.model_decode_weights(m, 3)
   cache = model.init_cache(cfg, 3, 10)
   last, cache, experts = jax.jit(
@@ -232,10 +237,11 @@ def test_cached_forward_equals_the_full_forward(pattern):
     real = np.asarray(seg[:, :6]) != 0      # padding routes arbitrarily
     np.testing.assert_array_equal(np.asarray(experts)[real],
                                   np.asarray(info['expert_idx'])[:, :6][real])
+  step = jax.jit(lambda t, p, s, c: rollout.forward(
+      m, t, positions_bt=p, segment_ids_bt=s, cache=c, layouts=layouts))
   for t in (6, 7):     # then one token a step
-    got, cache, _ = rollout.forward(
-        m, toks[:, t:t + 1], positions_bt=pos[:, t:t + 1],
-        segment_ids_bt=seg[:, t:t + 1], cache=cache, layouts=layouts)
+    got, cache, _ = step(toks[:, t:t + 1], pos[:, t:t + 1], seg[:, t:t + 1],
+                         cache)
     np.testing.assert_allclose(got, ref[:, t:t + 1], atol=1e-5)
   assert int(cache.index) == 8
 

@@ -148,15 +148,11 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     np.testing.assert_array_equal(a, b)   # bit-identical on CPU
 
 
-@pytest.fixture(scope='module')
-def finished_run(tmp_path_factory):
-  """A finished 3-step quick SFT run (its checkpoint at step 3), made once
-  per xdist worker for the tests that read it or refuse to continue it
-  (each continues a copy)."""
-  run = tmp_path_factory.mktemp('sft_finished')
-  sft.run(_quick(**{'steps': 3, 'eval_n': 0, 'checkpoint_every': 3}),
-          str(run))
-  return run
+@pytest.fixture
+def finished_run(main_job_sft):
+  """A finished quick SFT run (conftest's, at step 6), shared by the session:
+  the tests that refuse to continue it continue a copy."""
+  return main_job_sft
 
 
 def _copy(run, tmp_path):
@@ -165,7 +161,7 @@ def _copy(run, tmp_path):
 
 
 def test_checkpoint_that_does_not_fit_is_refused(finished_run, tmp_path):
-  bigger = _quick(**{'steps': 6, 'eval_n': 0})
+  bigger = _quick(**{'steps': 12, 'eval_n': 0})
   bigger.model.overrides.embed_dim = 32
   with pytest.raises(ValueError, match='does not fit the model'):
     sft.run(bigger, _copy(finished_run, tmp_path))
@@ -190,7 +186,7 @@ def test_restore_run_reads_the_latest_weights_only(finished_run):
 
 def test_tokenizer_that_does_not_match_the_model_is_refused(finished_run,
                                                             tmp_path):
-  other = _quick(**{'steps': 6, 'eval_n': 0})
+  other = _quick(**{'steps': 12, 'eval_n': 0})
   other.model.overrides.vocab_size = 600
   with pytest.raises(ValueError, match='tokenizer has 512 tokens'):
     sft.run(other, _copy(finished_run, tmp_path))
