@@ -25,7 +25,7 @@ their ratio, each phase's mean seconds a step, each core's busy fraction in
 the window (from /proc/stat, sampled every 0.5 s), and each arm's change on
 every domain against the stage's start (prompt by prompt, paired SE).
 
-The rule, fixed before the first run (issue 31): the decoupled arm at
+The rule, fixed before the first run: the decoupled arm at
 staleness 1 reaches at least 1.2 x the synchronous arm's steps per second
 over the stage window, and its own domain rises beyond two paired standard
 errors (as the synchronous stage's does), on the cascade's seed (one pair:

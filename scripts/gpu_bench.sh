@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator checks of issue 16, on a GPU machine whose image has its own
+# The accelerator checks, on a GPU machine whose image has its own
 # JAX: first `bash scripts/gpu_wheels.sh` here, then (device tool, carry
 # .gpu_wheels) `bash scripts/gpu_bench.sh`. On an H200 (2026-12-04): tests 70 s, bench about 400 s (MoE 42,
 # train 137, decode 121, mismatch 103 s), so one 15-minute lease holds it:

@@ -1,4 +1,4 @@
-"""Hugging Face tokenizers and chat templates against transformers (issue 30).
+"""Hugging Face tokenizers and chat templates against transformers.
 
 A small BPE `tokenizer.json` trained here, with a Qwen3-style template
 (tool results grouped in user turns inside <tool_response>, <think> blocks

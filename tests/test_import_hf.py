@@ -1,4 +1,4 @@
-"""Streaming Hugging Face import (issue 30): sharded safetensors onto a mesh, a run directory, bad input named.
+"""Streaming Hugging Face import: sharded safetensors onto a mesh, a run directory, bad input named.
 
 The oracle is transformers (torch CPU) on tiny random checkpoints saved in
 shards (`max_shard_size`), imported on 8 fake devices with the mesh a user

@@ -72,7 +72,7 @@ def test_nothing_in_the_library_imports_experiments_or_configs():
 
 
 def test_no_function_in_rl_runs_past_80_lines():
-  # A standing rule (issue 28): the RL step is the code later work changes.
+  # A standing rule: the RL step is the code later work changes.
   long = []
   for path in _files('cascade_jax/rl'):
     for node in ast.walk(ast.parse(path.read_text())):

@@ -188,7 +188,7 @@ def test_batch_runs_in_parallel_and_keeps_order(sb):
 
 
 def test_a_program_sees_only_its_own_processes(sb):
-  # A PID namespace of its own (issue 32: it saw every host process and
+  # A PID namespace of its own (it saw every host process and
   # could read their command lines).
   bystander = subprocess.Popen(['sleep', '60.5'])
   prog = ('import os\n'

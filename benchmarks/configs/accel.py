@@ -1,4 +1,4 @@
-"""The accelerator benchmark (issue 16): MoE layer, train-step MFU, decode bandwidth.
+"""The accelerator benchmark: MoE layer, train-step MFU, decode bandwidth.
 
   bash scripts/gpu_bench.sh                 # on an H200: the full sizes, < 8 min
   python -m benchmarks.accel --config=benchmarks/configs/accel.py:quick   # CPU, seconds

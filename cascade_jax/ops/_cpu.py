@@ -1,7 +1,7 @@
 """When the CPU kernels run: never where they are slower than XLA's own ops.
 
 The kernels (`cascade_jax.kernels`) were written for 16-float (AVX-512)
-vectors; on an AVX2 EPYC they ran 2-5x slower than XLA's path (issue 16:
+vectors; on an AVX2 EPYC they ran 2-5x slower than XLA's path (
 one MoE decode step at batch 64, 6,880 us against 1,470 us), on an AVX-512
 machine up to 2x faster. Their vectors and register blocks are now the
 machine's (`cpu_common.h`), and on that AVX2 EPYC the sampler's step is

@@ -1,7 +1,7 @@
 """Grouped matmul (`ragged_dot`): rows sorted by group, each group times its own matrix.
 
 Implementations:
-- 'xla': `jax.lax.ragged_dot`. On CPU the reference (issue 2: XLA lowers it
+- 'xla': `jax.lax.ragged_dot`. On CPU the reference (XLA lowers it
   to a loop over groups there); on GPU / TPU XLA lowers it to a masked dense
   product, [M, G, N] in memory, which ran out of memory at a Qwen3-sized
   layer.

@@ -1,6 +1,6 @@
 """The CPU sampler on stacked weights against one array per layer (model.LayerArrays).
 
-bench_rollout's model (configs/bench_rollout.py: embed 256, '*E' x 4 -- one
+bench_rollout's model (benchmarks/configs/rollout.py: embed 256, '*E' x 4 -- one
 stacked group of 4 repeats --, 8 experts top-2, vocab 1024, fp32), its
 prompts (32 random tokens) and 64 new tokens, greedy: `rollout.generate` on
 the model as built (stacked [4, ...] weights) and on the same weights split

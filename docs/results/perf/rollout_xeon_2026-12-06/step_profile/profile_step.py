@@ -2,7 +2,7 @@
 
   python docs/results/perf/rollout_xeon_2026-12-06/step_profile/profile_step.py --batch=64
 
-bench_rollout's model and generation (configs/bench_rollout.py: greedy,
+bench_rollout's model and generation (benchmarks/configs/rollout.py: greedy,
 32 prompt + 64 new tokens, one array a layer), the CPU kernels as the
 calibration picks them. Times the generation as bench_rollout does (the
 whole minus one new token, over 63 steps; interleaved medians), then
