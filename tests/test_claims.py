@@ -494,7 +494,8 @@ def test_given_files_must_come_before_their_rule(repo):
   _write(repo, 'docs/claims/x.json', _rule(given='old/*.json'))
   assert rules_lib.result_files(_rule(given='old/*.json'), str(repo), 'all') \
       == ['old/a.json']
-  problems = history.check(str(repo), deciders=_deciders(repo))   # the rule not committed yet
+  # The rule not committed yet:
+  problems = history.check(str(repo), deciders=_deciders(repo))
   assert len(problems) == 1 and 'old/a.json (given' in problems[0], problems
   _commit(repo, 'rule')
   assert history.check(str(repo), deciders=_deciders(repo)) == []

@@ -3,7 +3,8 @@
 - the evidence table, docs/claims/README.md: every rule, what its files
   show, its verdict, the rule in words, its files and their command;
 - the claims at a glance, README.md: one short row a claim, its verdicts
-  on each model, links to the rules.
+  on each model, links to the rules;
+- the claims in docs/results/INDEX.md: a rule, its verdict, its folders.
 
 Each sits between markers in its file; `write` puts them there and `check`
 fails when a file differs from what the results say.
@@ -21,10 +22,13 @@ from experiments.claims.results import load
 
 EVIDENCE = 'docs/claims/README.md'
 GLANCE = 'README.md'
+INDEX = 'docs/results/INDEX.md'
 _MARKS = {EVIDENCE: ('<!-- evidence:begin (python -m experiments.claims '
                      '--write) -->', '<!-- evidence:end -->'),
           GLANCE: ('<!-- claims:begin (python -m experiments.claims '
-                   '--write) -->', '<!-- claims:end -->')}
+                   '--write) -->', '<!-- claims:end -->'),
+          INDEX: ('<!-- index-claims:begin (python -m experiments.claims '
+                  '--write) -->', '<!-- index-claims:end -->')}
 
 # The claims at a glance: (the claim in a few words, its rules on the
 # attention + MoE model, its rules on the Mamba-2 hybrid), newest rule last.
@@ -145,9 +149,33 @@ def glance(table: list[Row]) -> str:
   return '\n'.join(lines)
 
 
+def _folders(files: list[str]) -> list[str]:
+  """The result folders (docs/results/<kind>/<date>/<name>) of `files`."""
+  out = []
+  for f in files:
+    parts = f.split('/')
+    if parts[:2] == ['docs', 'results'] and len(parts) > 5:
+      folder = '/'.join(parts[2:5])
+      if folder not in out:
+        out.append(folder)
+  return out
+
+
+def index(table: list[Row], root: str = rules_lib.ROOT) -> str:
+  """docs/results/INDEX.md's claims: a rule, its verdict, its folders."""
+  lines = ['| rule | claim | verdict | folders |', '|---|---|---|---|']
+  for x in table:
+    folders = _folders(rules_lib.result_files(x.rule, root))
+    lines.append(f"| [{x.number}](../claims/{x.cid}.json) | "
+                 f"{x.rule['claim']} | {x.verdict}{x.marks} | "
+                 + (', '.join(f'[{f}]({f})' for f in folders) or '-') + ' |')
+  return '\n'.join(lines)
+
+
 def sections(root: str = rules_lib.ROOT) -> dict[str, str]:
   table = rows(root)
-  return {EVIDENCE: evidence(table, root), GLANCE: glance(table)}
+  return {EVIDENCE: evidence(table, root), GLANCE: glance(table),
+          INDEX: index(table, root)}
 
 
 def put(text: str, doc: str, path: str) -> str:
