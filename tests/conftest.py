@@ -107,7 +107,14 @@ def shared_run(tmp_path_factory, name: str, build) -> str:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not (path / '.built').exists():
       shutil.rmtree(path, ignore_errors=True)
-      build(str(path))
+      kernels = os.environ.get('CASCADE_JAX_CPU_KERNELS')
+      try:
+        build(str(path))
+      finally:   # the run pinned its kernels (_cpu_kernels_setting)
+        if kernels is None:
+          os.environ.pop('CASCADE_JAX_CPU_KERNELS', None)
+        else:
+          os.environ['CASCADE_JAX_CPU_KERNELS'] = kernels
       (path / '.built').write_text('')
   return str(path)
 

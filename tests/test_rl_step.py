@@ -76,7 +76,8 @@ def _batch(kind, tok, recs, agentic, m, c):
     assert max(stats['turns']) >= 2, stats['turns']
     # An untrained policy solves none: rewards of three levels instead,
     # so that the advantages (and the gradient) are not all zero.
-    return batch.replace(rewards=(np.arange(32) % 3).astype(np.float32))
+    return batch.replace(rewards=(np.arange(batch.num_rows) % 3).astype(
+        np.float32))
   return rl.collect(policy, tok, rl.PromptStream(recs), c, jax.random.key(1),
                     reward_fn=lambda r, _: np.arange(len(r)) % 3)[0]
 
@@ -145,8 +146,9 @@ def test_packed_update_equals_the_padded_one(setup, kind):
   preset = 'small_hybrid' if kind == 'hybrid' else 'small'
   cfg, m = _policy(tok, preset=preset)
   episodes = kind == 'episodes'
+  # Episodes: 16 (4 prompts x 4), several to a packed row.
   c = rl.RLConfig(prompts_per_step=4 if episodes else 8,
-                  rollouts_per_prompt=8 if episodes else 4,
+                  rollouts_per_prompt=4,
                   max_new_tokens=EC.max_new_tokens if episodes else 12,
                   dynamic_filtering=False, overlong='none',
                   kl_coef=0.0 if episodes else 0.05)
@@ -167,7 +169,8 @@ def test_packed_update_equals_the_padded_one(setup, kind):
       np.testing.assert_array_equal(getattr(packed, k)[at],
                                     getattr(batch, k)[i][seg[i]], err_msg=k)
     assert len(np.unique(packed.segment_ids[at])) == 1
-  assert ((packed.segment_ids != 0) == (packed.source_row < 32)).all()
+  assert ((packed.segment_ids != 0) ==
+          (packed.source_row < batch.num_rows)).all()
   opt = _optimizer()
   reference = rl.freeze(m, copy=True) if c.kl_coef else None
   out = {}
